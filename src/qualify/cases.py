@@ -1,0 +1,144 @@
+"""Expand a Release into its test cases: frozen values with stable, readable ids.
+
+The same manifest always gives the same ids in the same order: training
+(models x variants), then inference (models x schemes), then custom cases, each
+in manifest order. Ids look like ``train/llama3-8b/compile+ckpt`` and
+``infer/qwen3-8b/gptq-w4a16``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from qualify.manifest import Release, Resources, TrainModel, TrainVariant
+from qualify.manifest_load import merged_infer_settings
+from qualify.workloads import protocol
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Case:
+    case_id: str
+    kind: str  # "train" | "infer" | "sleep"
+    model: str | None
+    variant: str | None  # training variant, inference scheme, or custom case name
+    params: Mapping[str, Any]
+    env: Mapping[str, str]
+    resources: Resources
+    timeout_s: int
+    tags: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def build(cls, case_id: str, kind: str, model: str | None, variant: str | None,
+              params: dict[str, Any], env: dict[str, str], resources: Resources, timeout_s: int) -> "Case":
+        return cls(case_id, kind, model, variant, _freeze(params), _freeze(env), resources, timeout_s)
+
+    def document(self) -> dict[str, Any]:
+        """The workload protocol's case document."""
+        return protocol.make_case(self.case_id, self.kind, thaw(self.params), thaw(self.env), self.timeout_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case_id": self.case_id,
+            "kind": self.kind,
+            "model": self.model,
+            "variant": self.variant,
+            "params": thaw(self.params),
+            "env": thaw(self.env),
+            "resources": self.resources.model_dump(),
+            "timeout_s": self.timeout_s,
+        }
+
+    def fingerprint(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def expand(release: Release) -> list[Case]:
+    cases: list[Case] = []
+    timeout = release.execution.case_timeout_s
+    if release.training is not None:
+        for model in release.training.models:
+            for variant in release.training.variants:
+                cases.append(_train_case(release, model, variant, timeout))
+    if release.inference is not None:
+        for model in release.inference.models:
+            for scheme in model.schemes:
+                settings = merged_infer_settings(release, model, scheme)
+                env = settings.pop("env")
+                resources = settings.pop("resources", None)
+                params: dict[str, Any] = {
+                    "model": scheme.model or model.model,
+                    "scheme": scheme.scheme,
+                    **settings,
+                }
+                reference = model.reference_model or (model.model if scheme.model else None)
+                if reference:
+                    params["reference_model"] = reference
+                if scheme.scheme in release.gate.agreement:
+                    params["min_token_agreement"] = release.gate.agreement[scheme.scheme]
+                cases.append(Case.build(
+                    f"infer/{model.name}/{scheme.scheme}", "infer", model.name, scheme.scheme,
+                    params, env, Resources.model_validate(resources) if resources else Resources(), timeout))
+    for custom in release.custom_cases:
+        for k in range(custom.count):
+            case_id = f"{custom.kind}/{custom.name}" + (f"/{k:04d}" if custom.count > 1 else "")
+            cases.append(Case.build(case_id, custom.kind, None, custom.name, dict(custom.params), {},
+                                    custom.resources or Resources(), timeout))
+    return cases
+
+
+def _train_case(release: Release, model: TrainModel, variant: TrainVariant, timeout: int) -> Case:
+    assert release.training is not None
+    settings: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    ds_config: dict[str, Any] = {}
+    resources = Resources()
+    for layer in (release.training.defaults, model.settings):
+        settings.update(layer.model_dump(exclude_none=True, exclude={"env", "deepspeed_config", "resources"}))
+        env.update(layer.env)
+        if layer.deepspeed_config:
+            ds_config = _deep_merge(ds_config, layer.deepspeed_config)
+        if layer.resources is not None:
+            resources = layer.resources
+    env.update(variant.env)
+    params: dict[str, Any] = {"model": model.preset or model.name, **settings}
+    if model.config_path:
+        params["model_config_path"] = model.config_path
+    params["compile"] = variant.compile
+    params["activation_checkpointing"] = variant.activation_checkpointing
+    if variant.zero_stage is not None:
+        params["zero_stage"] = variant.zero_stage
+    if ds_config:
+        params["deepspeed_config"] = ds_config
+    params["devices"] = max(1, int(resources.gpus)) if resources.gpus else 1
+    params["nodes"] = resources.nodes
+    return Case.build(f"train/{model.name}/{variant.name}", "train", model.name, variant.name,
+                      params, env, resources, timeout)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

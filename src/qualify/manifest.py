@@ -1,0 +1,458 @@
+"""The release manifest: one YAML file that says what a release must prove.
+
+Pydantic v2 models with ``extra="forbid"`` everywhere so that a typo is an error,
+plus cross-field rules taken from the release note (stage3 prefetch bucket,
+DeepSeek-R1 max model length, engine/scheme support, waiver expiry).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from qualify.imageref import InvalidReference, parse_reference
+from qualify.versions import MatchRule
+
+NAME_RE = r"^[a-z0-9][a-z0-9+._-]*$"
+Name = Annotated[str, Field(pattern=NAME_RE, max_length=64)]
+
+# Quantization schemes and which engine can run them. "none" is the unquantized reference.
+# transformers applies torchao on the fly; vLLM loads pre-quantized checkpoints (AWQ/GPTQ,
+# compressed-tensors W8A8) as the release note lists them for vLLM 0.8.5.
+Scheme = Literal["none", "w8a16", "w8a8", "w4a16", "awq-w4a16", "gptq-w4a16", "gptq-w8a16"]
+ENGINE_SCHEMES: dict[str, frozenset[str]] = {
+    "transformers": frozenset({"none", "w8a16", "w8a8", "w4a16"}),
+    "vllm": frozenset({"none", "w8a8", "awq-w4a16", "gptq-w4a16", "gptq-w8a16"}),
+}
+PRECOMPUTED_SCHEMES = frozenset({"awq-w4a16", "gptq-w4a16", "gptq-w8a16"})
+PROBES = ("prefix_cache", "max_model_len", "degenerate")
+# Release note, known issues: DeepSeek-R1 with --max-model-len of 80k or more may OOM.
+DEEPSEEK_R1_MAX_MODEL_LEN = 80_000
+WAIVER_MAX_MODEL_LEN = "max_model_len_limit"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- release
+
+
+class ReleaseInfo(Strict):
+    name: Name = Field(description="product name, e.g. training-xpu-pytorch")
+    repository: str = Field(description="image repository the release is published from")
+    tag: str = Field(description="release tag, e.g. 25.05")
+    candidate_tag: str = Field(description="tag of the candidate to qualify, e.g. 25.05-rc1")
+    previous_tag: str | None = Field(default=None, description="previous release to compare with")
+    description: str = ""
+
+    @field_validator("repository")
+    @classmethod
+    def _repository(cls, value: str) -> str:
+        ref = _check_reference(value)
+        if ref.tag or ref.digest:
+            raise ValueError(f"{value!r} must be a repository without tag or digest")
+        return value
+
+    @field_validator("tag", "candidate_tag", "previous_tag")
+    @classmethod
+    def _tag(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[\w][\w.-]{0,127}", value):
+            raise ValueError(f"{value!r} is not a valid image tag")
+        return value
+
+
+def _check_reference(value: str):
+    try:
+        return parse_reference(value)
+    except InvalidReference as exc:
+        raise ValueError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------- build
+
+
+class BuildSpec(Strict):
+    builder: Literal["local", "prebuilt", "buildah", "podman", "docker"] = "local"
+    containerfile: str | None = None
+    context: str | None = None
+    base_image: str | None = None
+    build_args: dict[str, str] = Field(default_factory=dict)
+    # prebuilt: an existing reference whose digest is resolved, nothing built.
+    reference: str | None = None
+    # local: the Python interpreter that stands for the image (default: the running one).
+    python: str | None = None
+    # Extra CA bundle mounted into build steps (corporate TLS proxies); never baked in.
+    ca_bundle: str | None = None
+    timeout_s: int = Field(default=3600, gt=0)
+
+    @model_validator(mode="after")
+    def _needs(self) -> "BuildSpec":
+        if self.builder in ("buildah", "podman", "docker") and not self.containerfile:
+            raise ValueError(f"builder {self.builder!r} needs 'containerfile'")
+        if self.builder == "prebuilt":
+            if not self.reference:
+                raise ValueError("builder 'prebuilt' needs 'reference'")
+            _check_reference(self.reference)
+        return self
+
+
+class ContainerOptions(Strict):
+    runtime: Literal["podman", "docker"] = "podman"
+    network: Literal["none", "host", "default"] = "none"
+    ipc_host: bool = False
+    privileged: bool = False
+    # Accelerator device nodes for non-NVIDIA devices (e.g. the PPU), restricted per case.
+    device_template: str | None = Field(default=None, description="e.g. /dev/ppu{index}")
+    gpu_mode: Literal["cdi", "gpus-flag", "none"] = "cdi"
+    extra_args: list[str] = Field(default_factory=list)
+    shm_size: str | None = None
+
+
+class ExecutionSpec(Strict):
+    executor: Literal["local", "container"] = "local"
+    ray_address: str | None = None
+    case_timeout_s: int = Field(default=1800, gt=0)
+    infra_retries: int = Field(default=1, ge=0, le=5)
+    container: ContainerOptions = Field(default_factory=ContainerOptions)
+
+
+# --------------------------------------------------------------------------- components
+
+
+class Component(Strict):
+    name: Name
+    expected: str
+    match: MatchRule = "exact"
+    source: Literal["package", "os", "python", "cuda", "driver", "command", "env"] = "package"
+    # package: the distribution name when it differs from `name`.
+    package: str | None = None
+    # command: argv run inside the image and a regex whose first group is the version.
+    command: list[str] | None = None
+    regex: str | None = None
+    # env: the variable holding the version.
+    env: str | None = None
+    optional: bool = False
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "Component":
+        if self.source == "command":
+            if not self.command:
+                raise ValueError("source 'command' needs 'command' (argv list)")
+            if self.regex:
+                try:
+                    if re.compile(self.regex).groups < 1:
+                        raise ValueError("regex needs one capture group for the version")
+                except re.error as exc:
+                    raise ValueError(f"regex {self.regex!r} is invalid: {exc}") from None
+        if self.source == "env" and not self.env:
+            raise ValueError("source 'env' needs 'env' (variable name)")
+        return self
+
+
+# --------------------------------------------------------------------------- resources
+
+
+class Resources(Strict):
+    cpus: float = Field(default=1, ge=0)
+    gpus: float = Field(default=0, ge=0)
+    nodes: int = Field(default=1, ge=1)
+    memory_gb: float | None = Field(default=None, gt=0)
+    accelerator_type: str | None = None
+    custom: dict[str, float] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- training
+
+
+class TrainSettings(Strict):
+    seq_len: int | None = Field(default=None, gt=0)
+    micro_batch: int | None = Field(default=None, gt=0)
+    grad_accum: int | None = Field(default=None, gt=0)
+    steps: int | None = Field(default=None, gt=0)
+    warmup_steps: int | None = Field(default=None, ge=0)
+    repeats: int | None = Field(default=None, gt=0)
+    dtype: Literal["bf16", "fp32"] | None = None
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    num_threads: int | None = Field(default=None, gt=0)
+    data: Literal["synthetic", "memorize"] | None = None
+    peak_flops_per_device: float | None = Field(default=None, gt=0)
+    launcher: Literal["auto", "none", "deepspeed", "torchrun"] | None = None
+    deepspeed_config: dict[str, Any] | None = None
+    resources: Resources | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("deepspeed_config")
+    @classmethod
+    def _prefetch_bucket(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Release note, usage notes: leave zero_optimization.stage3_prefetch_bucket_size
+        # empty or set it to "auto".
+        zero = (value or {}).get("zero_optimization") or {}
+        if isinstance(zero, dict) and "stage3_prefetch_bucket_size" in zero:
+            bucket = zero["stage3_prefetch_bucket_size"]
+            if bucket not in (None, "", "auto"):
+                raise ValueError(
+                    f"zero_optimization.stage3_prefetch_bucket_size is {bucket!r}: "
+                    "the release note requires it empty or 'auto'"
+                )
+        return value
+
+
+class TrainModel(Strict):
+    name: Name
+    preset: str | None = None
+    config_path: str | None = None
+    settings: TrainSettings = Field(default_factory=TrainSettings)
+
+
+class TrainVariant(Strict):
+    name: Name
+    description: str = ""
+    compile: bool = False
+    activation_checkpointing: Literal["none", "all"] | int = "none"
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("activation_checkpointing")
+    @classmethod
+    def _ckpt(cls, value: Any) -> Any:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("activation_checkpointing as a layer count must be >= 1")
+        return value
+
+
+class TrainingMatrix(Strict):
+    defaults: TrainSettings = Field(default_factory=TrainSettings)
+    models: list[TrainModel] = Field(min_length=1)
+    variants: list[TrainVariant] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "TrainingMatrix":
+        _no_duplicates([m.name for m in self.models], "models")
+        _no_duplicates([v.name for v in self.variants], "variants")
+        return self
+
+
+# --------------------------------------------------------------------------- inference
+
+
+class InferSettings(Strict):
+    engine: Literal["transformers", "vllm"] | None = None
+    num_prompts: int | None = Field(default=None, gt=0)
+    prompt_len: int | None = Field(default=None, gt=0)
+    max_new_tokens: int | None = Field(default=None, gt=0)
+    eval_tokens: int | None = Field(default=None, gt=0)
+    repeats: int | None = Field(default=None, gt=0)
+    num_threads: int | None = Field(default=None, gt=0)
+    train_steps: int | None = Field(default=None, ge=0)
+    min_token_agreement: float | None = Field(default=None, ge=0, le=1)
+    probes: list[Literal["prefix_cache", "max_model_len", "degenerate"]] | None = None
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class InferScheme(Strict):
+    scheme: Scheme
+    # Pre-quantized checkpoint (AWQ/GPTQ/W8A8 on vLLM); defaults to the model's own.
+    model: str | None = None
+    settings: InferSettings = Field(default_factory=InferSettings)
+
+
+class InferModel(Strict):
+    name: Name
+    model: str = Field(description="preset name or path to a Hugging Face model directory")
+    reference_model: str | None = None
+    family: str | None = Field(default=None, description="e.g. deepseek-r1, qwen3 (for known issues)")
+    moe: bool = False
+    schemes: list[InferScheme] = Field(min_length=1)
+    settings: InferSettings = Field(default_factory=InferSettings)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "InferModel":
+        _no_duplicates([s.scheme for s in self.schemes], "schemes")
+        return self
+
+
+class InferenceMatrix(Strict):
+    defaults: InferSettings = Field(default_factory=InferSettings)
+    models: list[InferModel] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "InferenceMatrix":
+        _no_duplicates([m.name for m in self.models], "models")
+        return self
+
+
+class CustomCase(Strict):
+    """Extra cases of a plain kind (e.g. `sleep` for the overhead benchmark and fault tests)."""
+
+    name: Name
+    kind: Literal["sleep"]
+    params: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources | None = None
+    count: int = Field(default=1, ge=1, le=10_000)
+
+
+# --------------------------------------------------------------------------- gate policy
+
+
+class Threshold(Strict):
+    cases: str = Field(default="*", description="glob over case ids")
+    metric: str
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _bound(self) -> "Threshold":
+        if self.min is None and self.max is None:
+            raise ValueError("a threshold needs 'min' or 'max'")
+        return self
+
+
+class RegressionPolicy(Strict):
+    # metric compared per case kind; its direction comes from qualify.metrics.
+    metrics: dict[str, str] = Field(default_factory=lambda: {
+        "train": "tokens_per_s", "infer": "output_tokens_per_s", "sleep": "wall_s"})
+    max_regression: float = Field(default=0.10, ge=0, lt=1)
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    min_samples: int = Field(default=5, ge=2)
+    # With too few samples, only a ratio beyond this floor (the machine's noise) fails.
+    noise_floor: float = Field(default=0.20, ge=0, lt=1)
+    enabled: bool = True
+
+
+class VariantGain(Strict):
+    variant: Name
+    baseline: Name = "base"
+    min_gain: float = Field(description="required relative gain, e.g. 0.2 for +20%, -0.1 tolerates -10%")
+    metric: str = "tokens_per_s"
+    enforce: bool = True
+
+
+class Waiver(Strict):
+    id: str
+    cases: str = Field(default="*", description="glob over case ids")
+    check: str = Field(description="probe:<name>, threshold:<metric>, regression, variant_gain, "
+                                   "component:<name>, or max_model_len_limit")
+    reason: str = Field(min_length=3)
+    expires: dt.date
+
+    def covers(self, case_id: str, check: str) -> bool:
+        return fnmatch.fnmatchcase(case_id, self.cases) and fnmatch.fnmatchcase(check, self.check)
+
+
+class GatePolicy(Strict):
+    thresholds: list[Threshold] = Field(default_factory=list)
+    regression: RegressionPolicy = Field(default_factory=RegressionPolicy)
+    variant_gains: list[VariantGain] = Field(default_factory=list)
+    agreement: dict[Scheme, float] = Field(default_factory=dict,
+                                           description="minimum token agreement per scheme")
+    probes_required: bool = True
+    waivers: list[Waiver] = Field(default_factory=list)
+
+    @field_validator("agreement")
+    @classmethod
+    def _agreement_range(cls, value: dict[str, float]) -> dict[str, float]:
+        for scheme, minimum in value.items():
+            if not 0 <= minimum <= 1:
+                raise ValueError(f"agreement for {scheme!r} must be in [0, 1], got {minimum}")
+        return value
+
+
+# --------------------------------------------------------------------------- promotion
+
+
+class PromotionTarget(Strict):
+    name: Name
+    reference: str | None = None
+    template: str | None = Field(default=None, description="e.g. acs-registry-vpc.{region-id}.cr.aliyuncs.com/egslingjun/{image:tag}")
+    regions: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "PromotionTarget":
+        if bool(self.reference) == bool(self.template):
+            raise ValueError("give exactly one of 'reference' or 'template'")
+        if self.template and "{region-id}" in self.template and not self.regions:
+            raise ValueError("a template with {region-id} needs 'regions'")
+        if self.reference:
+            ref = _check_reference(self.reference)
+            if ref.digest:
+                raise ValueError(f"{self.reference!r}: a promotion target must be a tag, not a digest")
+        return self
+
+
+class PromotionSpec(Strict):
+    on_pass: bool = Field(default=False, description="promote automatically at the end of a PASS run")
+    targets: list[PromotionTarget] = Field(default_factory=list)
+    insecure_registries: list[str] = Field(default_factory=list,
+                                           description="registries reached over plain HTTP (loopback tests)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "PromotionSpec":
+        _no_duplicates([t.name for t in self.targets], "targets")
+        return self
+
+
+class ExpandedTarget(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    reference: str
+
+
+# --------------------------------------------------------------------------- root
+
+
+class Release(Strict):
+    api_version: Literal["qualify/v1"] = Field(alias="apiVersion", default="qualify/v1")
+    release: ReleaseInfo
+    build: BuildSpec = Field(default_factory=BuildSpec)
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    components: list[Component] = Field(default_factory=list)
+    training: TrainingMatrix | None = None
+    inference: InferenceMatrix | None = None
+    custom_cases: list[CustomCase] = Field(default_factory=list)
+    gate: GatePolicy = Field(default_factory=GatePolicy)
+    promotion: PromotionSpec = Field(default_factory=PromotionSpec)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _matrix(self) -> "Release":
+        if self.training is None and self.inference is None and not self.custom_cases:
+            raise ValueError("the test matrix is empty: give 'training', 'inference' or 'custom_cases'")
+        _no_duplicates([c.name for c in self.components], "components")
+        return self
+
+    @property
+    def candidate_reference(self) -> str:
+        return f"{self.release.repository}:{self.release.candidate_tag}"
+
+    def expanded_targets(self) -> list[ExpandedTarget]:
+        """Promotion targets with the VPC template expanded over its regions."""
+        image_tag = f"{self.release.repository.rsplit('/', 1)[-1]}:{self.release.tag}"
+        out: list[ExpandedTarget] = []
+        for target in self.promotion.targets:
+            if target.reference:
+                out.append(ExpandedTarget(name=target.name, reference=target.reference))
+                continue
+            assert target.template is not None
+            for region in target.regions or [None]:
+                ref = target.template.replace("{image:tag}", image_tag)
+                if region is not None:
+                    ref = ref.replace("{region-id}", region)
+                out.append(ExpandedTarget(name=f"{target.name}-{region}" if region else target.name,
+                                          reference=ref))
+        return out
+
+
+def _no_duplicates(names: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"duplicate {what} name {name!r}")
+        seen.add(name)

@@ -1,0 +1,68 @@
+"""Canonical metric names and which way is better.
+
+Workloads report flat metrics (see qualify.workloads.protocol); the gate needs
+their direction to tell a regression from an improvement.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Direction = Literal["higher", "lower"]
+
+METRICS: dict[str, Direction] = {
+    # training
+    "tokens_per_s": "higher",
+    "tokens_per_s_per_device": "higher",
+    "tflops_per_device": "higher",
+    "mfu": "higher",
+    "step_time_s_median": "lower",
+    "step_time_s_p10": "lower",
+    "step_time_s_p90": "lower",
+    "peak_memory_bytes": "lower",
+    "compile_time_s": "lower",
+    "loss_first": "lower",
+    "loss_last": "lower",
+    "cv_tokens_per_s": "lower",
+    # inference
+    "load_time_s": "lower",
+    "quantize_time_s": "lower",
+    "output_tokens_per_s": "higher",
+    "latency_s_p50": "lower",
+    "latency_s_p90": "lower",
+    "latency_s_p99": "lower",
+    "ttft_s_p50": "lower",
+    "ttft_s_p90": "lower",
+    "ttft_s_p99": "lower",
+    "tpot_s_p50": "lower",
+    "tpot_s_p90": "lower",
+    "tpot_s_p99": "lower",
+    "itl_s_p50": "lower",
+    "token_agreement": "higher",
+    "topk_overlap": "higher",
+    "kl_div_mean": "lower",
+    "perplexity": "lower",
+    "perplexity_delta": "lower",
+    "weight_bytes": "lower",
+    # sleep (overhead benchmark) and generic
+    "wall_s": "lower",
+}
+
+# Sample series behind a metric: the gate's statistics compare samples, not one number.
+SAMPLES_FOR: dict[str, str] = {
+    "tokens_per_s": "tokens_per_s",
+    "tokens_per_s_per_device": "tokens_per_s",
+    "output_tokens_per_s": "output_tokens_per_s",
+    "wall_s": "wall_s",
+}
+
+
+def direction(metric: str) -> Direction:
+    try:
+        return METRICS[metric]
+    except KeyError:
+        raise KeyError(f"unknown metric {metric!r}") from None
+
+
+def is_known(metric: str) -> bool:
+    return metric in METRICS

@@ -1,0 +1,91 @@
+"""Plain-data views of runs for the CLI (`runs list/show`) and the Prefect artifacts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from qualify.store import repo
+from qualify.store.models import CaseResult, Run
+
+KEY_METRICS = {
+    "train": ("tokens_per_s", "tflops_per_device", "mfu", "step_time_s_median"),
+    "infer": ("output_tokens_per_s", "token_agreement", "kl_div_mean", "perplexity_delta"),
+    "sleep": ("wall_s",),
+}
+
+
+def fmt_number(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def key_metrics(result: CaseResult) -> str:
+    names = KEY_METRICS.get(result.kind, ())
+    return ", ".join(f"{n}={fmt_number(result.metrics.get(n))}" for n in names if n in (result.metrics or {}))
+
+
+def run_summary(session: Session, run: Run) -> dict[str, Any]:
+    results = repo.case_results(session, run.id)
+    decision = repo.latest_decision(session, run.id)
+    return {
+        "run": run.id,
+        "release": f"{run.release.name}:{run.release.tag}",
+        "status": run.status,
+        "stage": run.stage,
+        "verdict": decision.verdict if decision else None,
+        "cases_total": len(results),
+        "cases_passed": sum(r.status == "passed" for r in results),
+        "digest": run.candidate_digest,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+    }
+
+
+def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
+    run = repo.get_run(session, run_id)
+    if run is None:
+        return None
+    detail = run_summary(session, run)
+    detail.update({
+        "repository": run.release.repository,
+        "tag": run.release.tag,
+        "image": ({"repository": run.image.repository, "tag": run.image.tag, "digest": run.image.digest,
+                   "builder": run.image.builder} if run.image else None),
+        "error": run.error,
+        "triggered_by": run.triggered_by,
+        "manifest_path": run.manifest_path,
+        "manifest_sha256": run.manifest_sha256,
+        "flow_run_id": run.flow_run_id,
+        "stage_seconds": run.stage_seconds or {},
+        "components": [
+            {"name": c.name, "rule": c.rule, "expected": c.expected, "actual": c.actual, "ok": c.ok,
+             "optional": c.optional, "detail": c.detail}
+            for c in repo.component_checks(session, run.id)
+        ],
+        "cases": [
+            {"case_id": r.case_id, "kind": r.kind, "model": r.model, "variant": r.variant, "status": r.status,
+             "error_class": r.error_class, "error": r.error, "metrics": r.metrics, "probes": r.probes,
+             "key_metrics": key_metrics(r), "attempts": r.attempts, "queue_wait_s": r.queue_wait_s,
+             "exec_s": r.exec_s, "node": r.node}
+            for r in repo.case_results(session, run.id)
+        ],
+        "decisions": [
+            {"id": d.id, "verdict": d.verdict, "reasons": d.reasons, "policy_sha256": d.policy_sha256,
+             "baseline_run_id": d.baseline_run_id, "decided_at": d.decided_at}
+            for d in repo.decisions(session, run.id)
+        ],
+        "promotions": [
+            {"target_name": p.target_name, "target_ref": p.target_ref, "source_digest": p.source_digest,
+             "outcome": p.outcome, "forced": p.forced, "reason": p.reason, "detail": p.detail,
+             "created_at": p.created_at}
+            for p in repo.promotions(session, run.id)
+        ],
+    })
+    return detail

@@ -1,0 +1,1 @@
+"""The results database: SQLAlchemy 2 models, engine set-up and queries."""

@@ -1,0 +1,185 @@
+"""Tables of the results database (migrations in db/versions, kept in sync by `alembic check`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+RUN_STATUSES = ("running", "passed", "failed", "incomplete", "error", "aborted")
+CASE_STATUSES = ("passed", "failed", "error")
+VERDICTS = ("PASS", "FAIL", "INCOMPLETE")
+PROMOTION_OUTCOMES = ("promoted", "skipped", "failed", "refused", "dry-run")
+
+
+class Release(Base):
+    __tablename__ = "releases"
+    __table_args__ = (UniqueConstraint("repository", "tag", name="uq_releases_repository_tag"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    repository: Mapped[str] = mapped_column(String(512))
+    tag: Mapped[str] = mapped_column(String(128))
+    previous_tag: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Image(Base):
+    __tablename__ = "images"
+    __table_args__ = (
+        UniqueConstraint("repository", "tag", "digest", name="uq_images_repository_tag_digest"),
+        Index("ix_images_digest", "digest"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    repository: Mapped[str] = mapped_column(String(512))
+    tag: Mapped[str | None] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(String(160))
+    builder: Mapped[str | None] = mapped_column(String(32))
+    build_log_path: Mapped[str | None] = mapped_column(Text)
+    build_log_tail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(f"status IN {RUN_STATUSES}", name="ck_runs_status"),
+        Index("ix_runs_release_started", "release_id", "started_at"),
+        Index("ix_runs_image", "image_id"),
+        Index("ix_runs_active_digest", "candidate_digest", "status"),
+        # One running qualification per candidate digest: a second run refuses (no interleaving).
+        Index("uq_runs_one_running_per_digest", "candidate_digest", unique=True,
+              sqlite_where=text("status = 'running'"), postgresql_where=text("status = 'running'")),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    release_id: Mapped[int] = mapped_column(ForeignKey("releases.id"))
+    image_id: Mapped[int | None] = mapped_column(ForeignKey("images.id"))
+    candidate_digest: Mapped[str | None] = mapped_column(String(160))
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    stage: Mapped[str | None] = mapped_column(String(32))
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    triggered_by: Mapped[str | None] = mapped_column(String(128))
+    manifest_path: Mapped[str | None] = mapped_column(Text)
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    manifest_text: Mapped[str] = mapped_column(Text)
+    flow_run_id: Mapped[str | None] = mapped_column(String(64))
+    stage_seconds: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    release: Mapped[Release] = relationship()
+    image: Mapped[Image | None] = relationship()
+
+
+class ComponentCheck(Base):
+    __tablename__ = "component_checks"
+    __table_args__ = (UniqueConstraint("run_id", "name", name="uq_component_checks_run_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    rule: Mapped[str] = mapped_column(String(16))
+    expected: Mapped[str] = mapped_column(String(256))
+    actual: Mapped[str | None] = mapped_column(String(256))
+    ok: Mapped[bool] = mapped_column(Boolean)
+    optional: Mapped[bool] = mapped_column(Boolean, default=False)
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class CaseResult(Base):
+    __tablename__ = "case_results"
+    __table_args__ = (
+        UniqueConstraint("run_id", "case_id", name="uq_case_results_run_case"),
+        CheckConstraint(f"status IN {CASE_STATUSES}", name="ck_case_results_status"),
+        Index("ix_case_results_case_run", "case_id", "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    case_id: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str | None] = mapped_column(String(128))
+    variant: Mapped[str | None] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))
+    error_class: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    samples: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    probes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    environment: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    log_tail: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    queue_wait_s: Mapped[float | None] = mapped_column(Float)
+    exec_s: Mapped[float | None] = mapped_column(Float)
+    node: Mapped[str | None] = mapped_column(String(128))
+    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class GateDecision(Base):
+    """Append-only: evaluating again adds a decision, never rewrites one."""
+
+    __tablename__ = "gate_decisions"
+    __table_args__ = (
+        CheckConstraint(f"verdict IN {VERDICTS}", name="ck_gate_decisions_verdict"),
+        Index("ix_gate_decisions_digest_verdict", "digest", "verdict", "decided_at"),
+        Index("ix_gate_decisions_run", "run_id", "decided_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    digest: Mapped[str | None] = mapped_column(String(160))
+    verdict: Mapped[str] = mapped_column(String(16))
+    reasons: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    policy_sha256: Mapped[str] = mapped_column(String(64))
+    baseline_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    decided_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Promotion(Base):
+    __tablename__ = "promotions"
+    __table_args__ = (
+        CheckConstraint(f"outcome IN {PROMOTION_OUTCOMES}", name="ck_promotions_outcome"),
+        Index("ix_promotions_run", "run_id"),
+        Index("ix_promotions_target", "target_ref"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    decision_id: Mapped[int] = mapped_column(ForeignKey("gate_decisions.id"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    target_name: Mapped[str] = mapped_column(String(128))
+    source_ref: Mapped[str] = mapped_column(String(700))
+    source_digest: Mapped[str] = mapped_column(String(160))
+    target_ref: Mapped[str] = mapped_column(String(700))
+    outcome: Mapped[str] = mapped_column(String(16))
+    forced: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[str | None] = mapped_column(Text)
+    promoted_by: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

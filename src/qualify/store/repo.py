@@ -1,0 +1,242 @@
+"""Queries and writes of the results database. Every function takes a Session; callers commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Sequence
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from qualify.store.models import (
+    CaseResult,
+    ComponentCheck,
+    GateDecision,
+    Image,
+    Promotion,
+    Release,
+    Run,
+    utcnow,
+)
+
+
+class RunConflict(Exception):
+    """Another run of the same candidate digest is in progress."""
+
+
+class DuplicateResult(Exception):
+    """A final result for this (run, case) is already recorded."""
+
+
+# --------------------------------------------------------------------------- releases, images
+
+
+def get_or_create_release(session: Session, name: str, repository: str, tag: str,
+                          previous_tag: str | None) -> Release:
+    release = session.scalar(select(Release).where(Release.repository == repository, Release.tag == tag))
+    if release is None:
+        release = Release(name=name, repository=repository, tag=tag, previous_tag=previous_tag)
+        session.add(release)
+        session.flush()
+    elif previous_tag and release.previous_tag != previous_tag:
+        release.previous_tag = previous_tag
+    return release
+
+
+def get_or_create_image(session: Session, repository: str, tag: str | None, digest: str, *,
+                        builder: str | None = None, build_log_path: str | None = None,
+                        build_log_tail: str | None = None) -> Image:
+    image = session.scalar(select(Image).where(Image.repository == repository, Image.tag == tag,
+                                               Image.digest == digest))
+    if image is None:
+        image = Image(repository=repository, tag=tag, digest=digest, builder=builder,
+                      build_log_path=build_log_path, build_log_tail=build_log_tail)
+        session.add(image)
+        session.flush()
+    return image
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def create_run(session: Session, release: Release, *, manifest_path: str, manifest_sha256: str,
+               manifest_text: str, triggered_by: str | None) -> Run:
+    run = Run(release_id=release.id, status="running", stage="created", manifest_path=manifest_path,
+              manifest_sha256=manifest_sha256, manifest_text=manifest_text, triggered_by=triggered_by,
+              stage_seconds={}, heartbeat_at=utcnow())
+    session.add(run)
+    session.flush()
+    return run
+
+
+def attach_candidate(session: Session, run: Run, image: Image) -> None:
+    """Bind the run to its candidate digest; refuses while another run of that digest is running."""
+    active = session.scalar(select(Run).where(Run.candidate_digest == image.digest, Run.status == "running",
+                                              Run.id != run.id))
+    if active is not None:
+        raise RunConflict(f"run {active.id} of digest {image.digest} is still running "
+                          f"(started {active.started_at:%Y-%m-%d %H:%M:%S}); resume or wait for it")
+    run.image_id = image.id
+    run.candidate_digest = image.digest
+    try:
+        session.flush()
+    except IntegrityError as exc:  # the partial unique index caught a concurrent start
+        session.rollback()
+        raise RunConflict(f"another run of digest {image.digest} is running") from exc
+
+
+def set_stage(session: Session, run: Run, stage: str, seconds: float | None = None) -> None:
+    run.stage = stage
+    run.heartbeat_at = utcnow()
+    if seconds is not None:
+        timings = dict(run.stage_seconds or {})
+        timings[stage] = round(timings.get(stage, 0.0) + seconds, 3)
+        run.stage_seconds = timings
+
+
+def finish_run(session: Session, run: Run, status: str, error: str | None = None) -> None:
+    run.status = status
+    run.finished_at = utcnow()
+    run.error = error
+
+
+def get_run(session: Session, run_id: int) -> Run | None:
+    return session.get(Run, run_id)
+
+
+def list_runs(session: Session, limit: int = 50) -> Sequence[Run]:
+    return session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
+
+
+# --------------------------------------------------------------------------- component checks
+
+
+def record_component_checks(session: Session, run: Run, checks: list[dict[str, Any]]) -> None:
+    session.query(ComponentCheck).filter(ComponentCheck.run_id == run.id).delete()
+    for check in checks:
+        session.add(ComponentCheck(run_id=run.id, name=check["name"], rule=check["rule"],
+                                   expected=check["expected"], actual=check.get("actual"),
+                                   ok=bool(check["ok"]), optional=bool(check.get("optional", False)),
+                                   detail=check.get("detail", "")))
+    session.flush()
+
+
+def component_checks(session: Session, run_id: int) -> Sequence[ComponentCheck]:
+    return session.scalars(select(ComponentCheck).where(ComponentCheck.run_id == run_id)
+                           .order_by(ComponentCheck.id)).all()
+
+
+# --------------------------------------------------------------------------- case results
+
+
+def record_case_result(session: Session, run_id: int, *, case_id: str, kind: str, model: str | None,
+                       variant: str | None, doc: dict[str, Any], attempts: int = 1,
+                       queue_wait_s: float | None = None, exec_s: float | None = None,
+                       node: str | None = None) -> CaseResult:
+    """Insert the final result of one case; a second result for the same (run, case) is refused."""
+    row = CaseResult(run_id=run_id, case_id=case_id, kind=kind, model=model, variant=variant,
+                     status=doc["status"], error_class=doc.get("error_class"), error=doc.get("error"),
+                     metrics=doc.get("metrics") or {}, samples=doc.get("samples") or {},
+                     probes=doc.get("probes") or {}, environment=doc.get("environment") or {},
+                     log_tail=(doc.get("log_tail") or "")[-8000:], attempts=attempts,
+                     queue_wait_s=queue_wait_s, exec_s=exec_s, node=node)
+    session.add(row)
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        session.rollback()
+        raise DuplicateResult(f"run {run_id} already has a result for {case_id}") from exc
+    return row
+
+
+def case_results(session: Session, run_id: int) -> Sequence[CaseResult]:
+    return session.scalars(select(CaseResult).where(CaseResult.run_id == run_id).order_by(CaseResult.id)).all()
+
+
+def final_case_ids(session: Session, run_id: int) -> set[str]:
+    return set(session.scalars(select(CaseResult.case_id).where(CaseResult.run_id == run_id)))
+
+
+def results_for_release_case(session: Session, repository: str, tag: str, case_id: str) -> Sequence[CaseResult]:
+    """The results of release X for case Y, newest first (one indexed join)."""
+    stmt = (select(CaseResult).join(Run, Run.id == CaseResult.run_id).join(Release, Release.id == Run.release_id)
+            .where(Release.repository == repository, Release.tag == tag, CaseResult.case_id == case_id)
+            .order_by(CaseResult.run_id.desc()))
+    return session.scalars(stmt).all()
+
+
+def baseline_run(session: Session, repository: str, previous_tag: str | None) -> Run | None:
+    """The previous release's reference run: its newest run with a PASS decision, else its newest finished run."""
+    if not previous_tag:
+        return None
+    release = session.scalar(select(Release).where(Release.repository == repository, Release.tag == previous_tag))
+    if release is None:
+        return None
+    passed = session.scalar(
+        select(Run).join(GateDecision, GateDecision.run_id == Run.id)
+        .where(Run.release_id == release.id, GateDecision.verdict == "PASS")
+        .order_by(GateDecision.decided_at.desc()).limit(1))
+    if passed is not None:
+        return passed
+    return session.scalar(select(Run).where(Run.release_id == release.id, Run.finished_at.is_not(None))
+                          .order_by(Run.id.desc()).limit(1))
+
+
+# --------------------------------------------------------------------------- gate decisions
+
+
+def record_decision(session: Session, run: Run, verdict: str, reasons: list[dict[str, Any]],
+                    policy_sha256: str, baseline_run_id: int | None) -> GateDecision:
+    decision = GateDecision(run_id=run.id, digest=run.candidate_digest, verdict=verdict, reasons=reasons,
+                            policy_sha256=policy_sha256, baseline_run_id=baseline_run_id,
+                            decided_at=utcnow())
+    session.add(decision)
+    session.flush()
+    return decision
+
+
+def latest_decision(session: Session, run_id: int) -> GateDecision | None:
+    return session.scalar(select(GateDecision).where(GateDecision.run_id == run_id)
+                          .order_by(GateDecision.decided_at.desc(), GateDecision.id.desc()).limit(1))
+
+
+def decisions(session: Session, run_id: int) -> Sequence[GateDecision]:
+    return session.scalars(select(GateDecision).where(GateDecision.run_id == run_id)
+                           .order_by(GateDecision.id)).all()
+
+
+def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | None:
+    """The newest decision about a digest (one indexed query on (digest, verdict, decided_at))."""
+    return session.scalar(select(GateDecision).where(GateDecision.digest == digest)
+                          .order_by(GateDecision.decided_at.desc(), GateDecision.id.desc()).limit(1))
+
+
+def latest_pass_for_digest(session: Session, digest: str) -> GateDecision | None:
+    """The latest passing decision for digest D (single indexed query)."""
+    return session.scalar(select(GateDecision).where(GateDecision.digest == digest, GateDecision.verdict == "PASS")
+                          .order_by(GateDecision.decided_at.desc(), GateDecision.id.desc()).limit(1))
+
+
+# --------------------------------------------------------------------------- promotions
+
+
+def record_promotion(session: Session, decision: GateDecision, *, target_name: str, source_ref: str,
+                     source_digest: str, target_ref: str, outcome: str, forced: bool = False,
+                     reason: str | None = None, detail: str | None = None,
+                     promoted_by: str | None = None) -> Promotion:
+    row = Promotion(decision_id=decision.id, run_id=decision.run_id, target_name=target_name,
+                    source_ref=source_ref, source_digest=source_digest, target_ref=target_ref,
+                    outcome=outcome, forced=forced, reason=reason, detail=detail, promoted_by=promoted_by,
+                    created_at=utcnow())
+    session.add(row)
+    session.flush()
+    return row
+
+
+def promotions(session: Session, run_id: int) -> Sequence[Promotion]:
+    return session.scalars(select(Promotion).where(Promotion.run_id == run_id).order_by(Promotion.id)).all()
+
+
+def heartbeat(session: Session, run: Run, when: dt.datetime | None = None) -> None:
+    run.heartbeat_at = when or utcnow()
