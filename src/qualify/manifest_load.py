@@ -58,6 +58,18 @@ class LoadedManifest:
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
+    @property
+    def policy_sha256(self) -> str:
+        return policy_sha256(self.release)
+
+
+def policy_sha256(release: Release) -> str:
+    """Hash of the gate policy alone: a decision records which policy it applied."""
+    import json
+
+    canonical = json.dumps(release.gate.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
@@ -83,6 +95,13 @@ def load_manifest(path: str | Path, today: dt.date | None = None) -> LoadedManif
         raise ManifestError([Problem(name, "", f"cannot read file: {exc.strerror or exc}")]) from None
     except UnicodeDecodeError:
         raise ManifestError([Problem(name, "", "file is not UTF-8 text")]) from None
+    return load_manifest_text(text, name, today=today, path=path)
+
+
+def load_manifest_text(text: str, name: str = "<manifest>", today: dt.date | None = None,
+                       path: Path | None = None, check_expiry: bool = True) -> LoadedManifest:
+    """Validate manifest text (e.g. the copy stored with a run). check_expiry=False re-reads
+    a stored manifest whose waivers may have expired since (the gate then treats them as expired)."""
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -96,10 +115,10 @@ def load_manifest(path: str | Path, today: dt.date | None = None) -> LoadedManif
         release = Release.model_validate(data)
     except ValidationError as exc:
         raise ManifestError(_pydantic_problems(name, exc)) from None
-    problems = semantic_problems(release, name, today or dt.date.today())
+    problems = semantic_problems(release, name, today or dt.date.today(), check_expiry=check_expiry)
     if problems:
         raise ManifestError(problems)
-    return LoadedManifest(path=path, release=release, text=text)
+    return LoadedManifest(path=path or Path(name), release=release, text=text)
 
 
 # --------------------------------------------------------------------------- pydantic errors
@@ -199,7 +218,7 @@ def is_deepseek_r1(model: InferModel) -> bool:
     return "deepseek-r1" in text or "deepseek_r1" in text
 
 
-def semantic_problems(release: Release, file: str, today: dt.date) -> list[Problem]:
+def semantic_problems(release: Release, file: str, today: dt.date, check_expiry: bool = True) -> list[Problem]:
     problems: list[Problem] = []
 
     def add(field: str, message: str) -> None:
@@ -207,7 +226,7 @@ def semantic_problems(release: Release, file: str, today: dt.date) -> list[Probl
 
     waivers = release.gate.waivers
     for k, waiver in enumerate(waivers):
-        if waiver.expires < today:
+        if check_expiry and waiver.expires < today:
             add(f"gate.waivers[{k}].expires",
                 f"waiver {waiver.id!r} expired on {waiver.expires.isoformat()} (today is {today.isoformat()})")
 
@@ -229,7 +248,8 @@ def semantic_problems(release: Release, file: str, today: dt.date) -> list[Probl
                 max_len = settings["engine_args"].get("max_model_len")
                 if is_deepseek_r1(model) and isinstance(max_len, int) and max_len >= DEEPSEEK_R1_MAX_MODEL_LEN:
                     case_id = f"infer/{model.name}/{scheme.scheme}"
-                    if not any(w.covers(case_id, WAIVER_MAX_MODEL_LEN) and w.expires >= today for w in waivers):
+                    if not any(w.covers(case_id, WAIVER_MAX_MODEL_LEN) and (w.expires >= today or not check_expiry)
+                               for w in waivers):
                         add(f"{where}.settings.engine_args.max_model_len",
                             f"max_model_len {max_len} for DeepSeek-R1 must be below "
                             f"{DEEPSEEK_R1_MAX_MODEL_LEN} (release note known issue: OOM), "

@@ -1,0 +1,100 @@
+"""Shared fixtures: databases on SQLite and PostgreSQL, caches, paths."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PG_ADMIN_URL = os.environ.get("QUALIFY_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+pytest_plugins = ["fixtures_registry"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _persistent_caches() -> None:
+    # DeepSpeed op builds and torch.compile caches survive between test sessions (CI pays once).
+    cache = Path(os.environ.setdefault("QUALIFY_CACHE_DIR", str(Path.home() / ".cache" / "qualify")))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def postgres_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", connect_timeout=3):
+            return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    if not postgres_available():
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not answering on 127.0.0.1:5432 (CI must start it)")
+        pytest.skip("PostgreSQL is not answering on 127.0.0.1:5432")
+    return PG_ADMIN_URL
+
+
+def _new_pg_database(admin_url: str) -> tuple[str, str]:
+    import psycopg
+
+    name = f"qualify_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name, admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _drop_pg_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty, migrated database URL: a SQLite file, or a fresh PostgreSQL database."""
+    from qualify.store.engine import upgrade
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'qualify.db'}"
+        upgrade(url)
+        yield url
+        return
+    admin = request.getfixturevalue("pg_server")
+    name, url = _new_pg_database(admin)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        from sqlalchemy import create_engine  # noqa: F401 - engines are disposed by the tests
+
+        _drop_pg_database(name)
+
+
+@pytest.fixture
+def sessions(db_url: str):
+    from qualify.store.engine import open_database
+
+    engine, factory = open_database(db_url, migrate=False)
+    yield factory
+    engine.dispose()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the real `qualify` entry point in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "qualify", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or REPO, timeout=timeout)

@@ -1,0 +1,1 @@
+"""Registry fixtures (filled in by the gate/promotion work)."""
