@@ -1,0 +1,47 @@
+"""Local executor: a Python interpreter stands for the image (the embedded default)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from qualify.config import cache_dir
+from qualify.executors.base import ExecutionOutcome, case_json, outcome_from_command, run_command
+
+# The directory that holds the `qualify` package: the workloads are imported from here, so
+# the interpreter needs nothing of qualify installed (only what the "image" ships).
+WORKLOAD_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    python: str = sys.executable
+    workload_root: str = WORKLOAD_ROOT
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"local interpreter {self.python}"
+
+    def environment(self, gpu_ids: Sequence[str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = self.workload_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cache = cache_dir()
+        env.setdefault("QUALIFY_CACHE_DIR", str(cache))
+        env.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        # Honour the devices Ray assigned to this case, and only those.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids) if gpu_ids else env.get("CUDA_VISIBLE_DEVICES", "")
+        if not gpu_ids and env["CUDA_VISIBLE_DEVICES"] == "":
+            env.pop("CUDA_VISIBLE_DEVICES")
+        env.update(self.extra_env)
+        return env
+
+    def run(self, case_doc: dict[str, Any], *, timeout_s: float, gpu_ids: Sequence[str] = ()) -> ExecutionOutcome:
+        kind = case_doc["kind"]
+        argv = [self.python, "-m", f"qualify.workloads.{kind}"]
+        res = run_command(argv, case_json(case_doc), timeout_s, env=self.environment(gpu_ids))
+        return outcome_from_command(case_doc, res, argv, timeout_s)

@@ -1,0 +1,48 @@
+"""A workload of fixed duration: the overhead benchmark's unit, and a fault-injection target.
+
+params: duration_s (sleep this long), exit_code (exit with it and no document),
+hang (sleep far past any timeout), fail (report status failed), kill_self_after_s
+(die by SIGKILL: a lost process), kill_once_marker (die only while this file is absent: a
+transient fault that a retry outlives).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from qualify.workloads import protocol
+
+
+def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
+    params = case.get("params") or {}
+    duration = float(params.get("duration_s", 1.0))
+    if duration < 0:
+        raise protocol.BadCase(f"params.duration_s must be >= 0, got {duration}")
+    marker = params.get("kill_once_marker")
+    if marker and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if params.get("kill_self_after_s") is not None:
+        time.sleep(float(params["kill_self_after_s"]))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if params.get("exit_code") is not None:
+        log.error("exiting with code %s as asked", params["exit_code"])
+        sys.stderr.flush()
+        os._exit(int(params["exit_code"]))
+    if params.get("hang"):
+        time.sleep(10**6)
+    start = time.monotonic()
+    time.sleep(duration)
+    wall = time.monotonic() - start
+    if params.get("fail"):
+        raise protocol.WorkloadFailure("crash", "asked to fail")
+    return {"status": "passed", "metrics": {"wall_s": wall}, "samples": {"wall_s": [wall]},
+            "environment": protocol.environment_base()}
+
+
+if __name__ == "__main__":
+    sys.exit(protocol.run_workload("sleep", handler))
