@@ -1,12 +1,37 @@
 #!/usr/bin/env bash
-# Create .venv and install qualify with the embedded-default workloads and the test tools.
-# Idempotent: a second run installs nothing new.
+# Set up qualify on a fresh clone. Idempotent: a second run installs nothing new.
+#   bash scripts/bootstrap.sh          the venv (.venv) with qualify and the CPU workloads
+#   bash scripts/bootstrap.sh --test   also the test tools and the system packages the
+#                                      integration tests use (registry, skopeo, podman, buildah)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WITH_TEST=0
+[ "${1:-}" = "--test" ] && WITH_TEST=1
 PY="${PYTHON:-python3}"
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# torch first, from the CPU wheel (see constraints.txt).
-.venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
-.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[workloads,dev]"
+PIP=(.venv/bin/pip install -q --disable-pip-version-check)
+# torch first, from the CPU wheel: a bare requirement would pull a multi-GB CUDA build.
+.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
+if [ "$WITH_TEST" = 1 ]; then
+  "${PIP[@]}" -c constraints.txt -e ".[workloads,dev]"
+else
+  "${PIP[@]}" -c constraints.txt -e ".[workloads]"
+fi
+
+if [ "$WITH_TEST" = 1 ]; then
+  # System packages for the registry, promotion and container tests (Debian).
+  PKGS=(docker-registry skopeo umoci buildah podman runc debootstrap uidmap fuse-overlayfs)
+  missing=()
+  for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -q >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    else
+      echo "bootstrap: missing system packages (install as root): ${missing[*]}" >&2
+    fi
+  fi
+fi

@@ -33,8 +33,8 @@ DbOption = typer.Option(None, "--db", help="database URL (default: QUALIFY_DATAB
 
 
 def fail(code: int, *lines: str) -> typer.Exit:
-    for line in lines:
-        err.print(line, markup=False, highlight=False)
+    for line in lines:  # plain lines: never wrapped, easy to grep in CI logs
+        typer.echo(line, err=True)
     return typer.Exit(code)
 
 

@@ -72,6 +72,9 @@ def parse_reference(text: str) -> ImageRef:
     # A first component is a registry only if it looks like a host (a dot, a port or localhost),
     # as in the docker CLI; otherwise it is part of the path on the default registry.
     if domain and not ("." in domain or ":" in domain or domain == "localhost" or domain.startswith("[")):
+        if not re.fullmatch(_COMPONENT, domain):
+            raise InvalidReference(f"{text!r} is not a valid image reference ({domain!r}: repository "
+                                   "path components must be lowercase)")
         path = f"{domain}/{path}"
         domain = None
     if len(path) > 255:

@@ -379,11 +379,16 @@ class PromotionTarget(Strict):
             raise ValueError("give exactly one of 'reference' or 'template'")
         if self.template and "{region-id}" in self.template and not self.regions:
             raise ValueError("a template with {region-id} needs 'regions'")
-        if self.reference:
-            ref = _check_reference(self.reference)
-            if ref.digest:
-                raise ValueError(f"{self.reference!r}: a promotion target must be a tag, not a digest")
         return self
+
+    @field_validator("reference")
+    @classmethod
+    def _reference(cls, value: str | None) -> str | None:
+        if value is not None:
+            ref = _check_reference(value)
+            if ref.digest or not ref.tag:
+                raise ValueError(f"{value!r}: a promotion target must end in a tag (not a digest)")
+        return value
 
 
 class PromotionSpec(Strict):

@@ -77,12 +77,12 @@ def attach_candidate(session: Session, run: Run, image: Image) -> None:
     if active is not None:
         raise RunConflict(f"run {active.id} of digest {image.digest} is still running "
                           f"(started {active.started_at:%Y-%m-%d %H:%M:%S}); resume or wait for it")
-    run.image_id = image.id
-    run.candidate_digest = image.digest
     try:
-        session.flush()
+        with session.begin_nested():  # a savepoint: a conflict undoes only this binding
+            run.image_id = image.id
+            run.candidate_digest = image.digest
+            session.flush()
     except IntegrityError as exc:  # the partial unique index caught a concurrent start
-        session.rollback()
         raise RunConflict(f"another run of digest {image.digest} is running") from exc
 
 
@@ -141,11 +141,13 @@ def record_case_result(session: Session, run_id: int, *, case_id: str, kind: str
                      probes=doc.get("probes") or {}, environment=doc.get("environment") or {},
                      log_tail=(doc.get("log_tail") or "")[-8000:], attempts=attempts,
                      queue_wait_s=queue_wait_s, exec_s=exec_s, node=node)
-    session.add(row)
     try:
-        session.flush()
+        with session.begin_nested():  # a savepoint: a duplicate undoes only this insert
+            session.add(row)
+            session.flush()
     except IntegrityError as exc:
-        session.rollback()
+        if doc.get("status") not in ("passed", "failed", "error"):
+            raise
         raise DuplicateResult(f"run {run_id} already has a result for {case_id}") from exc
     return row
 
