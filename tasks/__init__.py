@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers of qualify's domain functions (names, retries, no caching)."""

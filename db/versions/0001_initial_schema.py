@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-29 16:31:41.829652
+Create Date: 2026-11-29 16:37:44.686600
 """
 from typing import Sequence, Union
 
@@ -52,6 +52,8 @@ def upgrade() -> None:
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('heartbeat_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('driver_host', sa.String(length=255), nullable=True),
+    sa.Column('driver_pid', sa.Integer(), nullable=True),
     sa.Column('triggered_by', sa.String(length=128), nullable=True),
     sa.Column('manifest_path', sa.Text(), nullable=True),
     sa.Column('manifest_sha256', sa.String(length=64), nullable=False),

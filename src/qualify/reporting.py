@@ -72,6 +72,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         "cases": [
             {"case_id": r.case_id, "kind": r.kind, "model": r.model, "variant": r.variant, "status": r.status,
              "error_class": r.error_class, "error": r.error, "metrics": r.metrics, "probes": r.probes,
+             "samples": r.samples,
              "key_metrics": key_metrics(r), "attempts": r.attempts, "queue_wait_s": r.queue_wait_s,
              "exec_s": r.exec_s, "node": r.node}
             for r in repo.case_results(session, run.id)

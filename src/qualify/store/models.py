@@ -86,6 +86,9 @@ class Run(Base):
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # Which driver process owns a running run: resume refuses while it is alive.
+    driver_host: Mapped[str | None] = mapped_column(String(255))
+    driver_pid: Mapped[int | None] = mapped_column(Integer)
     triggered_by: Mapped[str | None] = mapped_column(String(128))
     manifest_path: Mapped[str | None] = mapped_column(Text)
     manifest_sha256: Mapped[str] = mapped_column(String(64))

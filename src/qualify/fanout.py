@@ -1,0 +1,138 @@
+"""Fan-out over Ray: one Ray task per case, with the case's resources; plain data back.
+
+No Prefect here (see docs/ARCHITECTURE.md): the driver's Prefect tasks submit these
+Ray tasks and await them, so Ray workers need only Ray and the workload package.
+Per-case timeouts are enforced inside the Ray task by the executor, never by Prefect,
+and the queue wait (submitted -> started on a worker) is measured apart from execution.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from qualify.manifest import Resources
+from qualify.workloads import protocol
+
+QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class RayHandle:
+    address: str | None
+    started_here: bool
+
+    def shutdown(self) -> None:
+        if self.started_here and ray.is_initialized():
+            ray.shutdown()
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHandle:
+    """Join a cluster (address, or QUALIFY_RAY_ADDRESS) or start a local Ray sized to this machine."""
+    address = address or os.environ.get("QUALIFY_RAY_ADDRESS") or None
+    if ray.is_initialized():
+        return RayHandle(address, started_here=False)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address:
+        # A remote cluster gets the workload package (and the executors) with the job.
+        ray.init(address=address, log_to_driver=True, ignore_reinit_error=True,
+                 runtime_env={"py_modules": [str(QUALIFY_PACKAGE_DIR)]})
+        return RayHandle(address, started_here=True)
+    temp = Path(os.environ.get("QUALIFY_RAY_TEMP", Path(tempfile.gettempdir()) / "qualify-ray"))
+    temp.mkdir(parents=True, exist_ok=True)
+    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
+             _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
+             configure_logging=False)
+    return RayHandle(None, started_here=True)
+
+
+def ray_options(resources: Resources) -> dict[str, Any]:
+    """Ray scheduling options for a case: CPUs, GPUs, custom resources, accelerator type."""
+    nodes = max(1, resources.nodes)
+    options: dict[str, Any] = {
+        # A multi-node case's driver task holds one node's share; the rest is reserved by
+        # the launcher (multi-node launching is a later step, see docs/ARCHITECTURE.md).
+        "num_cpus": resources.cpus / nodes,
+        "num_gpus": resources.gpus / nodes,
+        "max_retries": 0,  # retries are the driver's decision (infrastructure failures only)
+    }
+    if resources.custom:
+        options["resources"] = {k: v / nodes for k, v in resources.custom.items()}
+    if resources.accelerator_type:
+        options["accelerator_type"] = resources.accelerator_type
+    if resources.memory_gb:
+        options["memory"] = int(resources.memory_gb * 2**30 / nodes)
+    return options
+
+
+def infeasible_reason(resources: Resources, nodes: list[dict[str, Any]] | None = None) -> str | None:
+    """Why no node (or set of nodes) of the cluster can ever run this case; None when one can.
+
+    Ray would otherwise keep an infeasible task pending forever: the driver must refuse it.
+    """
+    nodes = nodes if nodes is not None else [n for n in ray.nodes() if n.get("Alive")]
+    need = dict(ray_options(resources))
+    wanted: dict[str, float] = {"CPU": need["num_cpus"], "GPU": need["num_gpus"]}
+    wanted.update(need.get("resources", {}))
+    if resources.accelerator_type:
+        wanted[f"accelerator_type:{resources.accelerator_type}"] = 0.001
+    if resources.memory_gb:
+        wanted["memory"] = need["memory"]
+    fitting = [n for n in nodes
+               if all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in wanted.items() if v > 0)]
+    if len(fitting) >= max(1, resources.nodes):
+        return None
+    wanted_txt = ", ".join(f"{k}={v:g}" for k, v in wanted.items() if v > 0)
+    have = "; ".join(
+        f"{n.get('NodeManagerAddress', '?')}: " + ", ".join(
+            f"{k}={v:g}" for k, v in sorted(n.get("Resources", {}).items())
+            if not k.startswith("node:") and k not in ("object_store_memory",))
+        for n in nodes)
+    return (f"no {'set of ' + str(resources.nodes) + ' nodes' if resources.nodes > 1 else 'node'} of the Ray "
+            f"cluster can run this case: it needs {wanted_txt} per node; the cluster has {have or 'no nodes'}")
+
+
+@ray.remote
+def execute_case(executor: Any, case_doc: dict[str, Any], timeout_s: float, submitted_at: float) -> dict[str, Any]:
+    """Run one case on a Ray worker through the executor; return plain data."""
+    started = time.time()
+    context = ray.get_runtime_context()
+    try:
+        gpu_ids = [str(x) for x in context.get_accelerator_ids().get("GPU", [])]
+    except Exception:  # noqa: BLE001 - older Ray: fall back to the GPU ids API
+        gpu_ids = [str(x) for x in ray.get_gpu_ids()]
+    outcome = executor.run(case_doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
+    return {
+        "doc": outcome.doc,
+        "exit_code": outcome.exit_code,
+        "exec_s": outcome.exec_s,
+        "queue_wait_s": max(0.0, started - submitted_at),
+        "node": socket.gethostname(),
+        "node_id": context.get_node_id(),
+        "gpu_ids": gpu_ids,
+        "retryable": outcome.retryable,
+        "command": outcome.command,
+    }
+
+
+def run_case_on_ray(executor: Any, case_doc: dict[str, Any], resources: Resources, timeout_s: float) -> dict[str, Any]:
+    """Submit one case and wait for it; a lost worker or node becomes an `infra` result, not an exception."""
+    submitted = time.time()
+    ref = execute_case.options(**ray_options(resources)).remote(executor, case_doc, timeout_s, submitted)
+    try:
+        return ray.get(ref)
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+            ray.exceptions.RaySystemError, ray.exceptions.ObjectLostError,
+            ray.exceptions.TaskUnschedulableError, ray.exceptions.RayTaskError) as exc:
+        message = f"Ray could not run the case: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
+        doc = protocol.make_result(case_doc, "error", error_class="infra", error=message)
+        return {"doc": doc, "exit_code": None, "exec_s": time.time() - submitted, "queue_wait_s": None,
+                "node": None, "node_id": None, "gpu_ids": [], "retryable": True, "command": []}

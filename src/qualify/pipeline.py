@@ -1,0 +1,344 @@
+"""The steps of one qualification run, as plain functions (no Prefect here).
+
+tasks/ wraps each step as a Prefect task and flows/ composes them; the CLI and the
+Prefect deployment both go through the flow. Every result is written the moment it
+arrives, so a crash loses at most the cases in flight.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from qualify import config
+from qualify.build import BuildError, BuildResult, build_candidate
+from qualify.cases import Case, expand
+from qualify.executors import LocalExecutor
+from qualify.manifest_load import LoadedManifest, ManifestError, load_manifest, load_manifest_text
+from qualify.store import repo
+from qualify.store.models import Run
+from qualify.verify import check_components, probe_case
+from qualify.workloads import protocol
+
+HEARTBEAT_S = 10.0
+
+
+class UserInputError(Exception):
+    """Bad input: exit code 2."""
+
+
+class InfraError(Exception):
+    """Database, Ray, registry or executor trouble: exit code 3."""
+
+
+class CandidateFailed(Exception):
+    """The candidate itself failed before any case ran (e.g. its build): exit code 1."""
+
+
+@dataclass
+class Progress:
+    """Thread-safe live counters for the CLI and the Prefect progress artifact."""
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    listeners: list[Callable[["Progress"], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start_case(self) -> None:
+        with self._lock:
+            self.running += 1
+        self._notify()
+
+    def finish_case(self, passed: bool) -> None:
+        with self._lock:
+            self.running = max(0, self.running - 1)
+            self.done += 1
+            self.failed += 0 if passed else 1
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(self)
+            except Exception:  # noqa: BLE001 - a display problem never stops a run
+                pass
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_at
+
+
+@dataclass
+class RunContext:
+    sessions: sessionmaker[Session]
+    loaded: LoadedManifest
+    run_id: int
+    cases: list[Case]
+    manifest_dir: Path
+    data_dir: Path
+    ray_address: str | None = None
+    build: BuildResult | None = None
+    executor: Any = None
+    progress: Progress = field(default_factory=Progress)
+    resumed: bool = False
+    _stop_heartbeat: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def release(self):  # type: ignore[no-untyped-def]
+        return self.loaded.release
+
+    def stage(self, name: str, seconds: float | None = None) -> None:
+        with self.sessions() as session:
+            run = session.get(Run, self.run_id)
+            assert run is not None
+            repo.set_stage(session, run, name, seconds)
+            session.commit()
+
+    def start_heartbeat(self) -> None:
+        def beat() -> None:
+            while not self._stop_heartbeat.wait(HEARTBEAT_S):
+                try:
+                    with self.sessions() as session:
+                        run = session.get(Run, self.run_id)
+                        if run is not None:
+                            repo.heartbeat(session, run)
+                            session.commit()
+                except Exception:  # noqa: BLE001 - a missed heartbeat is not fatal
+                    pass
+
+        threading.Thread(target=beat, name=f"qualify-heartbeat-{self.run_id}", daemon=True).start()
+
+    def stop_heartbeat(self) -> None:
+        self._stop_heartbeat.set()
+
+
+# --------------------------------------------------------------------------- open / resume
+
+
+def _driver_alive(run: Run) -> bool:
+    if run.driver_host != socket.gethostname() or not run.driver_pid:
+        # Another host: trust the heartbeat.
+        if run.heartbeat_at is None:
+            return False
+        beat = run.heartbeat_at if run.heartbeat_at.tzinfo else run.heartbeat_at.replace(tzinfo=dt.timezone.utc)
+        return (dt.datetime.now(dt.timezone.utc) - beat).total_seconds() < 3 * HEARTBEAT_S
+    if run.driver_pid == os.getpid():
+        return False
+    try:
+        os.kill(run.driver_pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resume_run_id: int | None = None,
+             ray_address: str | None = None, triggered_by: str | None = None) -> RunContext:
+    """Validate the manifest and create the run (or take over the run to resume)."""
+    manifest_path = Path(manifest_path)
+    try:
+        loaded = load_manifest(manifest_path)
+    except ManifestError as exc:
+        raise UserInputError("\n".join(str(p) for p in exc.problems)) from None
+    with sessions() as session:
+        if resume_run_id is not None:
+            run = session.get(Run, resume_run_id)
+            if run is None:
+                raise UserInputError(f"--resume {resume_run_id}: no such run")
+            if run.manifest_sha256 != loaded.sha256:
+                raise UserInputError(f"--resume {resume_run_id}: {manifest_path} differs from the manifest the run "
+                                     f"started with (sha256 {run.manifest_sha256[:12]}…); resume with the same file")
+            if run.status == "running" and _driver_alive(run):
+                raise UserInputError(f"--resume {resume_run_id}: the run is still being driven by pid "
+                                     f"{run.driver_pid} on {run.driver_host}")
+            # The stored copy is what the run qualifies, even if waivers have expired since.
+            loaded = load_manifest_text(run.manifest_text, str(manifest_path), path=manifest_path, check_expiry=False)
+            run.status = "running"
+            run.finished_at = None
+            run.error = None
+        else:
+            info = loaded.release.release
+            release = repo.get_or_create_release(session, info.name, info.repository, info.tag, info.previous_tag)
+            run = repo.create_run(session, release, manifest_path=str(manifest_path), manifest_sha256=loaded.sha256,
+                                  manifest_text=loaded.text, triggered_by=triggered_by or _whoami())
+        run.driver_host = socket.gethostname()
+        run.driver_pid = os.getpid()
+        run.heartbeat_at = repo.utcnow()
+        session.commit()
+        run_id = run.id
+    return RunContext(sessions=sessions, loaded=loaded, run_id=run_id, cases=expand(loaded.release),
+                      manifest_dir=manifest_path.resolve().parent, data_dir=config.data_dir(),
+                      ray_address=ray_address or loaded.release.execution.ray_address, resumed=resume_run_id is not None)
+
+
+def _whoami() -> str:
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:  # noqa: BLE001
+        return socket.gethostname()
+
+
+# --------------------------------------------------------------------------- candidate
+
+
+def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float = 3600) -> BuildResult:
+    """Build or resolve the candidate, record its image, and bind the run to its digest."""
+    try:
+        build = build_candidate(ctx.release, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+    except BuildError as exc:
+        tail = (exc.log_tail or "").strip()[-2000:]
+        message = f"build failed: {exc}" + (f"\n--- build log tail ---\n{tail}" if tail else "")
+        if exc.log_path:
+            message += f"\n(full log: {exc.log_path})"
+        fail_run(ctx, "failed", message)
+        if "not found" in str(exc).lower() and "containerfile" in str(exc).lower():
+            raise UserInputError(message) from None
+        raise CandidateFailed(message) from None
+    deadline = time.monotonic() + wait_timeout_s
+    while True:
+        with ctx.sessions() as session:
+            run = session.get(Run, ctx.run_id)
+            assert run is not None
+            if ctx.resumed and run.candidate_digest and run.candidate_digest != build.digest:
+                raise UserInputError(
+                    f"--resume {ctx.run_id}: the candidate is now {build.digest}, but the run qualified "
+                    f"{run.candidate_digest}; start a new run")
+            image = repo.get_or_create_image(session, build.repository, build.tag, build.digest,
+                                             builder=build.builder, build_log_path=build.log_path,
+                                             build_log_tail=build.log_tail)
+            try:
+                repo.attach_candidate(session, run, image)
+                session.commit()
+                break
+            except repo.RunConflict as exc:
+                session.rollback()
+                if not wait or time.monotonic() > deadline:
+                    fail_run(ctx, "aborted", str(exc))
+                    raise UserInputError(f"{exc} (use --wait to queue behind it)") from None
+        time.sleep(5)
+    ctx.build = build
+    ctx.executor = make_executor(ctx, build)
+    return build
+
+
+def make_executor(ctx: RunContext, build: BuildResult) -> Any:
+    execution = ctx.release.execution
+    if execution.executor == "local":
+        return LocalExecutor(python=build.python or LocalExecutor().python)
+    from qualify.executors.container import ContainerExecutor
+
+    if not build.image_ref:
+        raise UserInputError("execution.executor 'container' needs a container image: builder "
+                             f"{build.builder!r} produced none")
+    return ContainerExecutor.from_manifest(ctx.release, build.image_ref)
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
+    """Run the probe workload inside the candidate and store one check per component."""
+    from qualify.fanout import run_case_on_ray
+    from qualify.manifest import Resources
+
+    components = list(ctx.release.components)
+    if not components:
+        return []
+    out = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300)
+    doc = out["doc"]
+    if doc.get("status") != "passed":
+        facts: dict[str, Any] = {}
+        checks = check_components(components, facts)
+        for check in checks:
+            check["detail"] = f"probe failed ({doc.get('error_class')}): {doc.get('error')}"
+            check["ok"] = check["ok"] and check["optional"]
+    else:
+        checks = check_components(components, doc["environment"].get("facts", {}))
+    with ctx.sessions() as session:
+        run = session.get(Run, ctx.run_id)
+        assert run is not None
+        repo.record_component_checks(session, run, checks)
+        session.commit()
+    return checks
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def pending_cases(ctx: RunContext) -> list[Case]:
+    """Cases without a final result (all of them for a new run)."""
+    with ctx.sessions() as session:
+        done = repo.final_case_ids(session, ctx.run_id)
+    return [c for c in ctx.cases if c.case_id not in done]
+
+
+def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """Run one case on Ray, retrying infrastructure failures only, and record the final result at once."""
+    from qualify.fanout import infeasible_reason, run_case_on_ray
+
+    ctx.progress.start_case()
+    attempts = 0
+    retries = ctx.release.execution.infra_retries
+    reason = infeasible_reason(case.resources)
+    if reason:
+        out = {"doc": protocol.make_result(case.document(), "error", error_class="infra", error=reason),
+               "exec_s": 0.0, "queue_wait_s": None, "node": None, "retryable": False}
+        attempts = 1
+    else:
+        while True:
+            attempts += 1
+            out = run_case_on_ray(ctx.executor, case.document(), case.resources, case.timeout_s)
+            doc = out["doc"]
+            if not out["retryable"] or attempts > retries:
+                break
+            log(f"{case.case_id}: attempt {attempts} ended with {doc.get('error_class')} "
+                f"({doc.get('error')}); retrying ({attempts}/{retries})")
+    doc = out["doc"]
+    with ctx.sessions() as session:
+        try:
+            repo.record_case_result(session, ctx.run_id, case_id=case.case_id, kind=case.kind, model=case.model,
+                                    variant=case.variant, doc=doc, attempts=attempts,
+                                    queue_wait_s=out.get("queue_wait_s"), exec_s=out.get("exec_s"),
+                                    node=out.get("node"))
+            session.commit()
+        except repo.DuplicateResult:
+            session.rollback()
+            log(f"{case.case_id}: a result was already recorded; keeping the first")
+    ctx.progress.finish_case(doc.get("status") == "passed")
+    return {"case_id": case.case_id, "status": doc.get("status"), "error_class": doc.get("error_class"),
+            "error": doc.get("error"), "attempts": attempts, "exec_s": out.get("exec_s"),
+            "queue_wait_s": out.get("queue_wait_s"), "node": out.get("node"), "gpu_ids": out.get("gpu_ids")}
+
+
+# --------------------------------------------------------------------------- end of run
+
+
+def fail_run(ctx: RunContext, status: str, error: str) -> None:
+    with ctx.sessions() as session:
+        run = session.get(Run, ctx.run_id)
+        if run is not None and run.finished_at is None:
+            repo.finish_run(session, run, status, error)
+            session.commit()
+
+
+def finish_run(ctx: RunContext, verdict: str) -> str:
+    status = {"PASS": "passed", "FAIL": "failed", "INCOMPLETE": "incomplete"}[verdict]
+    with ctx.sessions() as session:
+        run = session.get(Run, ctx.run_id)
+        assert run is not None
+        repo.finish_run(session, run, status)
+        session.commit()
+    return status
