@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Failed, State
 
 from qualify import pipeline
 from qualify.config import database_url
@@ -27,6 +28,13 @@ from tasks.setup import obtain_candidate_task, open_run_task, verify_components_
 PROGRESS_LISTENER: Callable[[pipeline.Progress], None] | None = None
 
 
+def _unwrap(value: Any) -> Any:
+    """A task that ended Failed on an expected error returns its state: raise that error here."""
+    if isinstance(value, State):
+        return value.result()
+    return value
+
+
 @flow(name="qualify-release", flow_run_name="qualify {manifest}", log_prints=True)
 def qualify_release(manifest: str, db_url: str | None = None, ray_address: str | None = None,
                     resume_run: int | None = None, wait: bool = False, promote: bool | None = None,
@@ -35,7 +43,10 @@ def qualify_release(manifest: str, db_url: str | None = None, ray_address: str |
     logger = get_run_logger()
     t0 = time.monotonic()
     _engine, sessions = open_database(database_url(db_url))
-    ctx = open_run_task(sessions, manifest, resume_run, ray_address, triggered_by)
+    try:
+        ctx = _unwrap(open_run_task(sessions, manifest, resume_run, ray_address, triggered_by))
+    except pipeline.UserInputError as exc:
+        return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
     with sessions() as session:
         run = session.get(Run, ctx.run_id)
         assert run is not None
@@ -52,7 +63,7 @@ def qualify_release(manifest: str, db_url: str | None = None, ray_address: str |
 
         t = time.monotonic()
         ctx.stage("build")
-        build = obtain_candidate_task(ctx, wait)
+        build = _unwrap(obtain_candidate_task(ctx, wait))
         ctx.stage("build", time.monotonic() - t)
         logger.info("candidate %s (%s)", build.digest, build.builder)
 
@@ -103,9 +114,10 @@ def qualify_release(manifest: str, db_url: str | None = None, ray_address: str |
         return {"run_id": ctx.run_id, "verdict": decision["verdict"], "status": status,
                 "reasons": decision["reasons"], "digest": build.digest, "report": report["report"],
                 "cases": outcomes, "promotions": promotions, "stage_seconds": stage_seconds}
-    except pipeline.CandidateFailed as exc:
-        pipeline.fail_run(ctx, "failed", str(exc))
-        raise
+    except (pipeline.CandidateFailed, pipeline.UserInputError) as exc:
+        # Expected outcomes, not crashes: a Failed state with the message, no traceback in the logs.
+        pipeline.fail_run(ctx, "failed" if isinstance(exc, pipeline.CandidateFailed) else "aborted", str(exc))
+        return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
     except BaseException as exc:
         pipeline.fail_run(ctx, "error", f"{type(exc).__name__}: {exc}")
         raise

@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any, Callable
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
 
 from qualify import pipeline
 from qualify.build import BuildResult
 
 
+def expected_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Bad input and a failed candidate end the task as Failed with their message, without a
+    traceback in the logs (they are outcomes, not crashes); the flow re-raises them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (pipeline.UserInputError, pipeline.CandidateFailed) as exc:
+            return Failed(message=str(exc), data=exc)
+
+    return wrapper
+
+
 @task(name="open-run", cache_policy=NO_CACHE)
+@expected_failures
 def open_run_task(sessions, manifest: str, resume_run: int | None, ray_address: str | None,  # type: ignore[no-untyped-def]
                   triggered_by: str | None) -> pipeline.RunContext:
     return pipeline.open_run(sessions, manifest, resume_run_id=resume_run, ray_address=ray_address,
@@ -17,6 +36,7 @@ def open_run_task(sessions, manifest: str, resume_run: int | None, ray_address: 
 
 
 @task(name="obtain-candidate", cache_policy=NO_CACHE)
+@expected_failures
 def obtain_candidate_task(ctx: pipeline.RunContext, wait: bool) -> BuildResult:
     return pipeline.obtain_candidate(ctx, wait=wait)
 
