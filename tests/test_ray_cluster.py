@@ -1,0 +1,81 @@
+"""A real two-node Ray cluster on this machine (`ray start --head` + a node declaring logical
+GPUs): GPU cases land on the GPU node with the device ids Ray assigned; a case asking for
+more than the cluster has fails with a clear message instead of hanging.
+
+The GPUs are logical (Ray resources): no device exists here, which is why the cases are
+`sleep` workloads that report the CUDA_VISIBLE_DEVICES they were given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowkit import results, run_qualify, sleep_manifest
+
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_cluster(tmp_path: Path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    port = _free_port()
+    temp = f"/tmp/qrc-{port}"
+    head = subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
+                           "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert head.returncode == 0, head.stderr
+    address = f"127.0.0.1:{port}"
+    try:
+        node = subprocess.run([RAY, "start", f"--address={address}", "--num-cpus=2", "--num-gpus=2",
+                               '--resources={"gpu_node": 1}', "--disable-usage-stats"],
+                              env=env, capture_output=True, text=True, timeout=180)
+        assert node.returncode == 0, node.stderr
+        yield address
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_gpu_cases_land_on_the_gpu_node_and_infeasible_cases_fail_fast(tmp_path: Path, ray_cluster: str) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    manifest = sleep_manifest(tmp_path / "m.yaml", [
+        {"name": "cpu", "kind": "sleep", "params": {"duration_s": 0.2}, "resources": {"cpus": 1}},
+        {"name": "gpu1", "kind": "sleep", "params": {"duration_s": 0.2}, "resources": {"cpus": 0.5, "gpus": 1}},
+        {"name": "gpu2", "kind": "sleep", "params": {"duration_s": 0.2}, "resources": {"cpus": 0.5, "gpus": 2}},
+        {"name": "too-big", "kind": "sleep", "params": {"duration_s": 0.2}, "resources": {"cpus": 1, "gpus": 4}},
+        {"name": "no-such-accel", "kind": "sleep", "params": {"duration_s": 0.2},
+         "resources": {"cpus": 1, "accelerator_type": "PPU"}},
+    ], timeout_s=120)
+    res = run_qualify(["run", str(manifest), "--db", db, "--ray-address", ray_cluster, "--json"], tmp_path,
+                      timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr  # the infeasible cases make the verdict non-PASS
+    outcome = json.loads(res.stdout)
+    got = results(db, outcome["run_id"])
+    by_case = {c["case_id"]: c for c in outcome["cases"]}
+    assert got["sleep/cpu"]["status"] == "passed"
+    for case_id, n in (("sleep/gpu1", 1), ("sleep/gpu2", 2)):
+        assert got[case_id]["status"] == "passed", got[case_id]
+        visible = got[case_id]["environment"]["visible_devices"]
+        assert visible is not None and len(visible.split(",")) == n
+        # The workload saw exactly the devices Ray assigned to its task.
+        assert visible.split(",") == by_case[case_id]["gpu_ids"]
+    for case_id in ("sleep/too-big", "sleep/no-such-accel"):
+        assert (got[case_id]["status"], got[case_id]["error_class"]) == ("error", "infra")
+        assert "no node of the Ray cluster can run this case" in got[case_id]["error"]
+    assert "GPU=4" in got["sleep/too-big"]["error"] and "GPU=2" in got["sleep/too-big"]["error"]
+    assert outcome["verdict"] == "INCOMPLETE"
