@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
@@ -10,8 +10,20 @@ from qualify import pipeline
 
 @task(name="promote", cache_policy=NO_CACHE)
 def promote_task(ctx: pipeline.RunContext) -> list[dict]:
-    from qualify.promote import promote_run
+    """One outcome per target; a refusal (e.g. the candidate tag moved) is reported, never hidden."""
+    from qualify.promote import PromotionError, PromotionRefused, promote_run
 
-    outcomes = promote_run(ctx.sessions, ctx.run_id, dry_run=False, target=None, force=False, reason=None,
-                           insecure=list(ctx.release.promotion.insecure_registries), actor="qualify-flow")
-    return [o.__dict__ if hasattr(o, "__dict__") else dict(o) for o in outcomes]
+    logger = get_run_logger()
+    try:
+        outcomes = promote_run(ctx.sessions, ctx.run_id, insecure=list(ctx.release.promotion.insecure_registries),
+                               actor="qualify-flow")
+    except PromotionRefused as exc:
+        logger.error("promotion refused: %s", exc)
+        outcomes = exc.outcomes
+    except PromotionError as exc:
+        logger.error("promotion not possible: %s", exc)
+        return [{"target": "*", "outcome": "refused", "detail": str(exc)}]
+    for o in outcomes:
+        (logger.info if o.ok else logger.error)("promotion %s -> %s: %s %s", o.target, o.target_ref, o.outcome,
+                                                 o.detail)
+    return [o.to_dict() for o in outcomes]

@@ -1,0 +1,470 @@
+"""The gate's checks: pure functions from plain data to reasons.
+
+Each check returns a list of Reason; a reason's ``check`` names what a waiver matches
+(``component:<name>``, ``threshold:<metric>``, ``agreement``, ``probe:<name>``, ``regression``,
+``variant_gain``), its ``case_id`` the case (None for run-wide lines). Waivers are applied
+afterwards by :func:`apply_waivers`, so every check stays a plain comparison.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from qualify import metrics as metric_info
+from qualify.cases import Case
+from qualify.gate import stats
+from qualify.manifest import Component, GatePolicy, Waiver
+
+PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = "PASS", "FAIL", "WAIVED", "NO-BASELINE", "INCOMPLETE"
+REASON_STATUSES = (PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE)
+
+# Checks a waiver can cover; completeness (a case that did not produce a good result) cannot be waived.
+WAIVABLE_PREFIXES = ("component:", "threshold:", "agreement", "probe:", "regression", "variant_gain")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class ResultData:
+    """One final case result as the gate sees it (from a CaseResult row or a result document)."""
+
+    case_id: str
+    kind: str
+    status: str  # passed | failed | error
+    error_class: str | None = None
+    error: str | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    samples: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    model: str | None = None
+    variant: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> "ResultData":
+        return cls(case_id=row.case_id, kind=row.kind, status=row.status, error_class=row.error_class,
+                   error=row.error, metrics=dict(row.metrics or {}), samples=dict(row.samples or {}),
+                   probes=dict(row.probes or {}), model=row.model, variant=row.variant)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any], *, model: str | None = None,
+                 variant: str | None = None) -> "ResultData":
+        return cls(case_id=doc["case_id"], kind=doc.get("kind") or "", status=doc["status"],
+                   error_class=doc.get("error_class"), error=doc.get("error"),
+                   metrics=dict(doc.get("metrics") or {}), samples=dict(doc.get("samples") or {}),
+                   probes=dict(doc.get("probes") or {}), model=model, variant=variant)
+
+
+@dataclass(frozen=True)
+class ComponentData:
+    name: str
+    ok: bool
+    expected: str = ""
+    actual: str | None = None
+    rule: str = "exact"
+    optional: bool = False
+    detail: str = ""
+
+    @classmethod
+    def from_row(cls, row: Any) -> "ComponentData":
+        return cls(name=row.name, ok=bool(row.ok), expected=row.expected, actual=row.actual, rule=row.rule,
+                   optional=bool(row.optional), detail=row.detail or "")
+
+
+@dataclass
+class Reason:
+    check: str
+    case_id: str | None
+    status: str
+    message: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        # The stored message names its case: `qualify runs show` prints status, check and message only.
+        message = self.message
+        if self.case_id and not message.startswith(self.case_id):
+            message = f"{self.case_id}: {message}"
+        return {"check": self.check, "case_id": self.case_id, "status": self.status,
+                "message": message, "figures": _json_safe(self.figures)}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    return value
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.4g}"
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:+.1f}%"
+
+
+# --------------------------------------------------------------------------- completeness
+
+
+def check_completeness(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """Every expanded case has a final result; an error fails, an infrastructure error or a
+    missing result is INCOMPLETE (never a silent PASS)."""
+    reasons: list[Reason] = []
+    good = 0
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is None:
+            reasons.append(Reason("completeness", case.case_id, INCOMPLETE, "no final result recorded"))
+        elif result.status == "passed":
+            good += 1
+        elif result.status == "error" and result.error_class == "infra":
+            reasons.append(Reason("completeness", case.case_id, INCOMPLETE,
+                                  f"infrastructure error, the case did not run to the end: {_short(result.error)}",
+                                  {"error_class": "infra"}))
+        elif result.status == "failed" and result.error_class == "low_agreement":
+            # The workload applied the policy's own minimum (cases.expand passes it in): reported
+            # under the agreement check so that the same waiver can cover it.
+            reasons.append(Reason("agreement", case.case_id, FAIL,
+                                  f"the case failed its token-agreement check: {_short(result.error)}",
+                                  {"error_class": result.error_class}))
+        else:
+            what = "errored" if result.status == "error" else "failed"
+            reasons.append(Reason("completeness", case.case_id, FAIL,
+                                  f"case {what} ({result.error_class or 'no error class'}): {_short(result.error)}",
+                                  {"error_class": result.error_class, "result_status": result.status}))
+    if cases and good == len(cases):
+        reasons.insert(0, Reason("completeness", None, PASS, f"all {len(cases)} cases passed",
+                                 {"cases": len(cases)}))
+    elif not cases:
+        reasons.append(Reason("completeness", None, INCOMPLETE, "the manifest expands to no case"))
+    return reasons
+
+
+def _short(text: str | None, limit: int = 300) -> str:
+    if not text:
+        return "no message"
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- components
+
+
+def check_components(expected: Sequence[Component], checks: Sequence[ComponentData]) -> list[Reason]:
+    reasons: list[Reason] = []
+    by_name = {c.name: c for c in checks}
+    for comp in expected:
+        if comp.name not in by_name:
+            if comp.optional:
+                reasons.append(Reason(f"component:{comp.name}", None, PASS,
+                                      f"optional component {comp.name} was not checked"))
+            else:
+                reasons.append(Reason(f"component:{comp.name}", None, INCOMPLETE,
+                                      f"component {comp.name} was not checked (expected {comp.expected})"))
+    for check in checks:
+        figures = {"expected": check.expected, "actual": check.actual, "rule": check.rule,
+                   "optional": check.optional}
+        if check.ok:
+            reasons.append(Reason(f"component:{check.name}", None, PASS,
+                                  f"{check.name} {check.actual} matches {check.expected} ({check.rule})", figures))
+        elif check.optional and check.actual is None:
+            reasons.append(Reason(f"component:{check.name}", None, PASS,
+                                  f"optional component {check.name} is not installed", figures))
+        else:
+            found = check.actual if check.actual is not None else "not found"
+            detail = f" ({check.detail})" if check.detail else ""
+            reasons.append(Reason(f"component:{check.name}", None, FAIL,
+                                  f"{check.name}: expected {check.expected} ({check.rule}), found {found}{detail}",
+                                  figures))
+    return reasons
+
+
+# --------------------------------------------------------------------------- thresholds, agreement
+
+
+def _passed(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[tuple[Case, ResultData]]:
+    out = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is not None and result.status == "passed":
+            out.append((case, result))
+    return out
+
+
+def _metric_problem(result: ResultData, metric: str) -> str | None:
+    if metric not in result.metrics:
+        return f"{metric} is missing from the result"
+    value = result.metrics[metric]
+    if value is None:
+        return f"{metric} is null in the result (not measured or not finite)"
+    if _num(value) is None:
+        return f"{metric} is not a number ({value!r})"
+    return None
+
+
+def check_thresholds(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """Absolute bounds per case glob and metric: ``min`` for higher-is-better figures, ``max`` for
+    lower-is-better ones (both may be given). Only cases with a passed result are judged; the
+    others are the completeness check's."""
+    reasons: list[Reason] = []
+    ran = _passed(cases, results)
+    for threshold in policy.thresholds:
+        check = f"threshold:{threshold.metric}"
+        covered = [c for c in cases if fnmatch.fnmatchcase(c.case_id, threshold.cases)]
+        if not covered:
+            reasons.append(Reason(check, None, PASS,
+                                  f"threshold on {threshold.metric} for {threshold.cases!r} covers no case of this run"))
+            continue
+        bound = " and ".join(filter(None, [
+            f">= {threshold.min:g}" if threshold.min is not None else "",
+            f"<= {threshold.max:g}" if threshold.max is not None else ""]))
+        for case, result in ran:
+            if not fnmatch.fnmatchcase(case.case_id, threshold.cases):
+                continue
+            figures: dict[str, Any] = {"metric": threshold.metric, "min": threshold.min, "max": threshold.max}
+            problem = _metric_problem(result, threshold.metric)
+            if problem:
+                reasons.append(Reason(check, case.case_id, FAIL, f"{problem}; the threshold needs {bound}",
+                                      {**figures, "value": None}))
+                continue
+            value = float(result.metrics[threshold.metric])
+            figures["value"] = value
+            low = threshold.min is not None and value < threshold.min
+            high = threshold.max is not None and value > threshold.max
+            if low or high:
+                side = f"below the minimum {threshold.min:g}" if low else f"above the maximum {threshold.max:g}"
+                reasons.append(Reason(check, case.case_id, FAIL, f"{threshold.metric} = {_fmt(value)} is {side}",
+                                      figures))
+            else:
+                reasons.append(Reason(check, case.case_id, PASS, f"{threshold.metric} = {_fmt(value)} {bound}",
+                                      figures))
+    return reasons
+
+
+def check_agreement(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """Greedy token agreement with the unquantized reference, at least the scheme's minimum."""
+    reasons: list[Reason] = []
+    for case, result in _passed(cases, results):
+        if case.kind != "infer" or case.variant not in policy.agreement:
+            continue
+        minimum = policy.agreement[case.variant]  # type: ignore[index]
+        figures: dict[str, Any] = {"metric": "token_agreement", "scheme": case.variant, "min": minimum}
+        problem = _metric_problem(result, "token_agreement")
+        if problem:
+            reasons.append(Reason("agreement", case.case_id, FAIL,
+                                  f"{problem}; scheme {case.variant} needs token agreement >= {minimum:g}",
+                                  {**figures, "value": None}))
+            continue
+        value = float(result.metrics["token_agreement"])
+        figures["value"] = value
+        ok = value >= minimum
+        reasons.append(Reason("agreement", case.case_id, PASS if ok else FAIL,
+                              f"token agreement {value:.4f} {'>=' if ok else '<'} {minimum:g} for {case.variant}",
+                              figures))
+    return reasons
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def check_probes(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """Every probe of an inference result passed or was skipped (a failed one may be waived)."""
+    reasons: list[Reason] = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if case.kind != "infer" or result is None or result.status == "error":
+            continue
+        requested = case.params.get("probes")
+        requested_names = list(requested) if requested is not None else []
+        summary: list[str] = []
+        problems = 0
+        for name in sorted(set(requested_names) | set(result.probes)):
+            probe = result.probes.get(name)
+            if probe is None:
+                status, detail = "missing", "requested but not reported"
+            else:
+                status, detail = str(probe.get("status")), str(probe.get("detail") or "")
+            if status in ("passed", "skipped"):
+                summary.append(f"{name} {status}" + (f" ({_short(detail, 80)})" if status == "skipped" else ""))
+                continue
+            problems += 1
+            message = f"probe {name} {status}: {_short(detail)}"
+            if policy.probes_required:
+                reasons.append(Reason(f"probe:{name}", case.case_id, FAIL, message, {"probe_status": status}))
+            else:
+                reasons.append(Reason(f"probe:{name}", case.case_id, PASS, message + " (probes not required)",
+                                      {"probe_status": status}))
+        if summary and not problems:
+            reasons.append(Reason("probes", case.case_id, PASS, ", ".join(summary)))
+    return reasons
+
+
+# --------------------------------------------------------------------------- regression
+
+
+def _series(result: ResultData, metric: str) -> list[float]:
+    """The samples behind a metric (metrics.SAMPLES_FOR), else the single reported figure."""
+    series_name = metric_info.SAMPLES_FOR.get(metric)
+    if series_name and result.samples.get(series_name):
+        return [float(v) for v in result.samples[series_name] if _num(v) is not None]
+    value = _num(result.metrics.get(metric))
+    return [value] if value is not None else []
+
+
+def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData],
+                     baseline: Mapping[str, ResultData] | None, baseline_label: str = "") -> list[Reason]:
+    """Compare each case's samples with the previous release's (see qualify.gate.stats)."""
+    reg = policy.regression
+    if not reg.enabled:
+        return [Reason("regression", None, PASS, "regression check disabled by the policy")]
+    if baseline is None:
+        return [Reason("regression", None, NO_BASELINE,
+                       f"no previous release to compare with{(' (' + baseline_label + ')') if baseline_label else ''}")]
+    reasons: list[Reason] = []
+    for case, result in _passed(cases, results):
+        metric = reg.metrics.get(case.kind)
+        if not metric:
+            continue
+        direction = metric_info.direction(metric)
+        base = baseline.get(case.case_id)
+        if base is None or base.status != "passed":
+            why = "has no result for this case" if base is None else f"result is {base.status}"
+            reasons.append(Reason("regression", case.case_id, NO_BASELINE, f"the baseline {why}",
+                                  {"metric": metric}))
+            continue
+        cand_samples, base_samples = _series(result, metric), _series(base, metric)
+        if not cand_samples:
+            reasons.append(Reason("regression", case.case_id, FAIL,
+                                  f"the result has no {metric} (samples or figure) to compare with the baseline",
+                                  {"metric": metric}))
+            continue
+        if not base_samples:
+            reasons.append(Reason("regression", case.case_id, NO_BASELINE,
+                                  f"the baseline result has no {metric} to compare with", {"metric": metric}))
+            continue
+        cmp = stats.compare_samples(cand_samples, base_samples, direction, metric=metric,
+                                    max_regression=reg.max_regression, alpha=reg.alpha,
+                                    min_samples=reg.min_samples, noise_floor=reg.noise_floor)
+        if cmp.method == "none":
+            reasons.append(Reason("regression", case.case_id, NO_BASELINE, f"{metric}: {cmp.message}",
+                                  cmp.figures()))
+            continue
+        reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
+                              f"{metric} {cmp.message}", cmp.figures()))
+    return reasons
+
+
+# --------------------------------------------------------------------------- variant gains
+
+
+def check_variant_gains(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """Each optimisation variant's gain over its baseline variant of the same model, same run."""
+    reasons: list[Reason] = []
+    train = [c for c in cases if c.kind == "train"]
+    models = list(dict.fromkeys(c.model for c in train))
+    for gain in policy.variant_gains:
+        direction = metric_info.direction(gain.metric) if metric_info.is_known(gain.metric) else "higher"
+        for model in models:
+            variant_id, base_id = f"train/{model}/{gain.variant}", f"train/{model}/{gain.baseline}"
+            ids = {c.case_id for c in train}
+            if variant_id not in ids or base_id not in ids:
+                continue
+            figures: dict[str, Any] = {"metric": gain.metric, "variant": gain.variant, "baseline": gain.baseline,
+                                       "min_gain": gain.min_gain, "enforce": gain.enforce}
+            label = f"{gain.variant} vs {gain.baseline} on {model}"
+            missing = [cid for cid in (variant_id, base_id)
+                       if results.get(cid) is None or results[cid].status != "passed"
+                       or not _series(results[cid], gain.metric)]
+            if missing:
+                msg = f"{label}: cannot compute the gain, no passed {gain.metric} for {', '.join(missing)}"
+                reasons.append(Reason("variant_gain", variant_id, INCOMPLETE if gain.enforce else PASS,
+                                      msg + ("" if gain.enforce else " (not enforced)"), figures))
+                continue
+            med_v = stats.median(_series(results[variant_id], gain.metric))
+            med_b = stats.median(_series(results[base_id], gain.metric))
+            assert med_v is not None and med_b is not None
+            if med_b <= 0 or med_v <= 0:
+                reasons.append(Reason("variant_gain", variant_id, INCOMPLETE if gain.enforce else PASS,
+                                      f"{label}: median {gain.metric} is not positive ({_fmt(med_v)} vs {_fmt(med_b)})",
+                                      figures))
+                continue
+            # positive gain = better, whichever way the metric points
+            value = med_v / med_b - 1 if direction == "higher" else med_b / med_v - 1
+            figures.update({"gain": value, "median_variant": med_v, "median_baseline": med_b})
+            ok = value >= gain.min_gain
+            msg = (f"{label}: gain {_pct(value)} (median {gain.metric} {_fmt(med_v)} vs {_fmt(med_b)}), "
+                   f"required {_pct(gain.min_gain)}")
+            if not gain.enforce:
+                msg += " (reported only, not enforced)"
+                status = PASS
+            else:
+                status = PASS if ok else FAIL
+            reasons.append(Reason("variant_gain", variant_id, status, msg, figures))
+    return reasons
+
+
+# --------------------------------------------------------------------------- waivers
+
+
+def _waivable(check: str) -> bool:
+    return any(check == p or check.startswith(p) for p in WAIVABLE_PREFIXES)
+
+
+def _waiver_subject(reason: Reason) -> str:
+    # Component lines are run-wide: a waiver's `cases` glob is matched against the component name.
+    if reason.case_id is not None:
+        return reason.case_id
+    if reason.check.startswith("component:"):
+        return reason.check.split(":", 1)[1]
+    return "*"
+
+
+def _covers(waiver: Waiver, subject: str, check: str) -> bool:
+    if waiver.covers(subject, check):
+        return True
+    # The agreement check is a threshold on token_agreement: accept either spelling.
+    return check == "agreement" and waiver.covers(subject, "threshold:token_agreement")
+
+
+def apply_waivers(reasons: Iterable[Reason], waivers: Sequence[Waiver], today: dt.date) -> list[Reason]:
+    """A FAIL covered by a waiver that has not expired becomes WAIVED; an expired waiver does not
+    cover (expired means ``expires < today``, as manifest validation counts it) and the reason
+    says so."""
+    out: list[Reason] = []
+    for reason in reasons:
+        if reason.status != FAIL or not _waivable(reason.check):
+            out.append(reason)
+            continue
+        subject = _waiver_subject(reason)
+        covering = [w for w in waivers if _covers(w, subject, reason.check)]
+        valid = [w for w in covering if w.expires >= today]
+        expired = [w for w in covering if w.expires < today]
+        if valid:
+            w = valid[0]
+            out.append(Reason(reason.check, reason.case_id, WAIVED,
+                              f"{reason.message} [waived by {w.id} until {w.expires.isoformat()}: {w.reason}]",
+                              {**reason.figures, "waiver": w.id, "waiver_expires": w.expires.isoformat()}))
+        elif expired:
+            names = ", ".join(f"{w.id} expired on {w.expires.isoformat()}" for w in expired)
+            out.append(Reason(reason.check, reason.case_id, FAIL, f"{reason.message} [waiver {names}]",
+                              {**reason.figures, "expired_waivers": [w.id for w in expired]}))
+        else:
+            out.append(reason)
+    return out

@@ -1,0 +1,91 @@
+"""The gate as one pure function: policy + cases + results (+ baseline) + date -> Verdict."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from qualify.cases import Case
+from qualify.gate.checks import (
+    FAIL,
+    INCOMPLETE,
+    PASS,
+    ComponentData,
+    Reason,
+    ResultData,
+    apply_waivers,
+    check_agreement,
+    check_completeness,
+    check_components,
+    check_probes,
+    check_regression,
+    check_thresholds,
+    check_variant_gains,
+)
+from qualify.manifest import Component, GatePolicy, Waiver
+
+
+@dataclass
+class Verdict:
+    verdict: str  # PASS | FAIL | INCOMPLETE
+    reasons: list[Reason] = field(default_factory=list)
+
+    def reason_dicts(self) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.reasons]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for reason in self.reasons:
+            out[reason.status] = out.get(reason.status, 0) + 1
+        return out
+
+    def by_status(self, status: str) -> list[Reason]:
+        return [r for r in self.reasons if r.status == status]
+
+
+def decide(reasons: Sequence[Reason]) -> str:
+    """FAIL if any FAIL is left after waivers; else INCOMPLETE if anything is; else PASS."""
+    statuses = {r.status for r in reasons}
+    if FAIL in statuses:
+        return "FAIL"
+    if INCOMPLETE in statuses:
+        return "INCOMPLETE"
+    return "PASS"
+
+
+def _index(results: Mapping[str, ResultData] | Sequence[ResultData] | None) -> dict[str, ResultData]:
+    if results is None:
+        return {}
+    if isinstance(results, Mapping):
+        return dict(results)
+    return {r.case_id: r for r in results}
+
+
+def evaluate(policy: GatePolicy, cases: Sequence[Case],
+             results: Mapping[str, ResultData] | Sequence[ResultData],
+             components: Sequence[ComponentData] = (),
+             baseline: Mapping[str, ResultData] | Sequence[ResultData] | None = None, *,
+             today: dt.date, expected_components: Sequence[Component] = (),
+             waivers: Sequence[Waiver] | None = None, baseline_label: str = "") -> Verdict:
+    """Judge one run.
+
+    ``baseline`` is the previous release's results by case id, or None when there is no
+    previous release run (the regression check then says NO-BASELINE and does not fail).
+    ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
+    """
+    current = _index(results)
+    base = None if baseline is None else _index(baseline)
+    reasons: list[Reason] = []
+    reasons += check_components(expected_components, components)
+    reasons += check_completeness(cases, current)
+    reasons += check_thresholds(policy, cases, current)
+    reasons += check_agreement(policy, cases, current)
+    reasons += check_probes(policy, cases, current)
+    reasons += check_regression(policy, cases, current, base, baseline_label)
+    reasons += check_variant_gains(policy, cases, current)
+    reasons = apply_waivers(reasons, policy.waivers if waivers is None else waivers, today)
+    return Verdict(decide(reasons), reasons)
+
+
+__all__ = ["Verdict", "evaluate", "decide", "ResultData", "ComponentData", "Reason", "PASS", "FAIL", "INCOMPLETE"]

@@ -1,0 +1,87 @@
+"""Glue between the database and the pure gate: load a run, evaluate, record the decision.
+
+Decisions are append-only: evaluating a run again adds a decision (repo.record_decision) and
+never rewrites an earlier one. The policy is the one stored with the run (its manifest text),
+re-read without the expiry check so that a waiver that has expired since the run started is
+seen by the gate as expired (and does not cover), instead of making the manifest unreadable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from sqlalchemy.orm import Session
+
+from qualify.cases import expand
+from qualify.gate.checks import ComponentData, ResultData
+from qualify.gate.evaluate import Verdict, evaluate
+from qualify.manifest import Release
+from qualify.manifest_load import ManifestError, load_manifest_text, policy_sha256
+from qualify.store import repo
+from qualify.store.models import GateDecision, Run
+
+
+class GateError(Exception):
+    """The run cannot be judged (unknown run, unreadable stored manifest)."""
+
+
+@dataclass
+class Evaluation:
+    run_id: int
+    decision: GateDecision
+    verdict: Verdict
+    baseline_run_id: int | None
+    release: Release
+
+
+def stored_release(run: Run) -> Release:
+    try:
+        loaded = load_manifest_text(run.manifest_text, name=f"run {run.id} manifest", check_expiry=False)
+    except ManifestError as exc:
+        raise GateError("; ".join(str(p) for p in exc.problems)) from None
+    return loaded.release
+
+
+def evaluate_run(session: Session, run_id: int, *, today: dt.date | None = None) -> Evaluation:
+    """Evaluate run_id against its stored policy and the previous release; record the decision
+    (flushed, not committed: the caller commits)."""
+    run = repo.get_run(session, run_id)
+    if run is None:
+        raise GateError(f"no run {run_id}")
+    release = stored_release(run)
+    cases = expand(release)
+    results = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, run.id)}
+    components = [ComponentData.from_row(c) for c in repo.component_checks(session, run.id)]
+    base_run = repo.baseline_run(session, release.release.repository, release.release.previous_tag)
+    if base_run is not None and base_run.id == run.id:
+        base_run = None
+    baseline: dict[str, ResultData] | None = None
+    label = f"previous tag {release.release.previous_tag}" if release.release.previous_tag else "no previous_tag"
+    if base_run is not None:
+        baseline = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, base_run.id)}
+    elif release.release.previous_tag:
+        label += " has no run in the database"
+    verdict = evaluate(release.gate, cases, results, components, baseline,
+                       today=today or dt.date.today(), expected_components=release.components,
+                       baseline_label=label)
+    decision = repo.record_decision(session, run, verdict.verdict, verdict.reason_dicts(),
+                                    policy_sha256(release), base_run.id if base_run else None)
+    return Evaluation(run.id, decision, verdict, base_run.id if base_run else None, release)
+
+
+def evaluate_and_commit(session_factory: Callable[[], Session], run_id: int, *,
+                        today: dt.date | None = None) -> Evaluation:
+    """evaluate_run in its own session, committed."""
+    with session_factory() as session:
+        evaluation = evaluate_run(session, run_id, today=today)
+        session.commit()
+        return evaluation
+
+
+def decision_dict(decision: GateDecision) -> dict[str, Any]:
+    return {"id": decision.id, "run": decision.run_id, "digest": decision.digest, "verdict": decision.verdict,
+            "policy_sha256": decision.policy_sha256, "baseline_run_id": decision.baseline_run_id,
+            "decided_at": decision.decided_at.isoformat() if decision.decided_at else None,
+            "reasons": decision.reasons}

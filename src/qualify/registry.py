@@ -1,0 +1,573 @@
+"""A small client of the registry HTTP API (OCI Distribution) and skopeo for cross-registry copies.
+
+What it does, and why this way:
+
+* Resolve a reference to its digest: ``GET /v2/<name>/manifests/<tag|digest>`` with an Accept
+  header naming the OCI manifest and index and the Docker v2 manifest and manifest list. The
+  digest is the sha256 of the exact body bytes; the registry's Docker-Content-Digest header
+  must agree, and a digest reference must hash to itself.
+* Copy by digest, never by re-serialising: within one registry, GET the manifest's exact bytes
+  and PUT them back with the same Content-Type (re-encoding the JSON would change the digest).
+  A different repository in the same registry does not share blobs until they are mounted
+  (``POST /v2/<target>/blobs/uploads/?mount=<digest>&from=<source>``); if a mount is refused we
+  fall back to skopeo. Across registries: ``skopeo copy --preserve-digests``. After every copy
+  the target is resolved again and must have the source digest.
+* Credentials: QUALIFY_REGISTRY_USERNAME / QUALIFY_REGISTRY_PASSWORD, else a Docker-style auth
+  file (REGISTRY_AUTH_FILE, $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json,
+  $DOCKER_CONFIG/config.json or ~/.docker/config.json; ``auths`` entries with a base64 ``auth``
+  or username/password). Basic and bearer-token (WWW-Authenticate) challenges are answered.
+  Credentials never appear in messages, logs or command lines (skopeo gets a private auth file).
+* TLS is verified; plain HTTP only for registries named as insecure (loopback tests).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import httpx
+
+from qualify.imageref import DEFAULT_REGISTRY, ImageRef, InvalidReference, parse_reference
+
+LOG = logging.getLogger(__name__)
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MANIFEST_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+ACCEPT = ", ".join(MANIFEST_TYPES)
+
+ENV_USERNAME = "QUALIFY_REGISTRY_USERNAME"
+ENV_PASSWORD = "QUALIFY_REGISTRY_PASSWORD"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class RegistryError(Exception):
+    """A registry operation failed; the message names the reference, never credentials."""
+
+
+class RegistryUnreachable(RegistryError):
+    """The registry did not answer (connection refused, DNS, TLS, timeout, 5xx)."""
+
+
+class RegistryUnauthorized(RegistryError):
+    """The registry refused our credentials (or we have none) for this reference."""
+
+
+class ImageNotFound(RegistryError):
+    """The repository, tag or digest does not exist."""
+
+
+class DigestMismatch(RegistryError):
+    """What the registry returned does not hash to the expected digest."""
+
+
+class CopyFailed(RegistryError):
+    """A copy did not complete (skopeo failed, a manifest was refused)."""
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str = field(repr=False)
+    source: str = ""
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"Credentials(username={self.username!r}, source={self.source!r})"
+
+    def basic_header(self) -> str:
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        return f"Basic {token}"
+
+
+def auth_file_candidates(env: Mapping[str, str] | None = None) -> list[Path]:
+    env = os.environ if env is None else env
+    paths: list[Path] = []
+    if env.get("REGISTRY_AUTH_FILE"):
+        paths.append(Path(env["REGISTRY_AUTH_FILE"]).expanduser())
+    if env.get("XDG_RUNTIME_DIR"):
+        paths.append(Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json")
+    home = Path(env.get("HOME") or Path.home())
+    paths.append(home / ".config" / "containers" / "auth.json")
+    docker_dir = Path(env["DOCKER_CONFIG"]).expanduser() if env.get("DOCKER_CONFIG") else home / ".docker"
+    paths.append(docker_dir / "config.json")
+    return paths
+
+
+_DOCKER_HUB_KEYS = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}
+
+
+def _normalise_key(key: str) -> tuple[str, str]:
+    """An auths key ("https://host/v1/", "host", "host/namespace") as (host, path)."""
+    key = re.sub(r"^[a-z]+://", "", key.strip()).rstrip("/")
+    host, _, path = key.partition("/")
+    if host in _DOCKER_HUB_KEYS:
+        host, path = DEFAULT_REGISTRY, ("" if path in ("v1", "v2") else path)
+    return host, path
+
+
+def _entry_credentials(entry: Any, source: str) -> Credentials | None:
+    if not isinstance(entry, dict):
+        return None
+    if entry.get("auth"):
+        try:
+            decoded = base64.b64decode(entry["auth"]).decode()
+        except (ValueError, UnicodeDecodeError):
+            return None
+        user, sep, password = decoded.partition(":")
+        return Credentials(user, password, source) if sep else None
+    if entry.get("username") and entry.get("password") is not None:
+        return Credentials(str(entry["username"]), str(entry["password"]), source)
+    return None
+
+
+def find_credentials(registry: str, repository: str = "", env: Mapping[str, str] | None = None) -> Credentials | None:
+    """Credentials for a registry: the environment first, then the first auth file that has any."""
+    env = os.environ if env is None else env
+    if env.get(ENV_USERNAME) and env.get(ENV_PASSWORD) is not None:
+        return Credentials(env[ENV_USERNAME], env.get(ENV_PASSWORD, ""), "environment")
+    host = DEFAULT_REGISTRY if registry in _DOCKER_HUB_KEYS else registry
+    for path in auth_file_candidates(env):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        auths = data.get("auths") if isinstance(data, dict) else None
+        if not isinstance(auths, dict):
+            continue
+        best: tuple[int, Credentials] | None = None
+        for key, entry in auths.items():
+            k_host, k_path = _normalise_key(str(key))
+            if k_host != host:
+                continue
+            if k_path and not (repository == k_path or repository.startswith(k_path + "/")):
+                continue
+            creds = _entry_credentials(entry, str(path))
+            if creds and (best is None or len(k_path) > best[0]):
+                best = (len(k_path), creds)
+        if best:
+            return best[1]
+    return None
+
+
+# --------------------------------------------------------------------------- client
+
+
+@dataclass(frozen=True)
+class Manifest:
+    body: bytes
+    media_type: str
+    digest: str
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.body)
+
+    @property
+    def is_index(self) -> bool:
+        return self.media_type in INDEX_TYPES
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    source: str
+    target: str
+    digest: str
+    method: str  # "api" | "api+mount" | "skopeo"
+
+
+def sha256_digest(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _is_loopback(registry: str) -> bool:
+    host = registry.rsplit(":", 1)[0] if not registry.endswith("]") else registry
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _as_ref(ref: ImageRef | str) -> ImageRef:
+    if isinstance(ref, ImageRef):
+        return ref
+    try:
+        return parse_reference(ref)
+    except InvalidReference as exc:
+        raise RegistryError(str(exc)) from None
+
+
+def _challenge(header: str) -> tuple[str, dict[str, str]]:
+    scheme, _, rest = header.strip().partition(" ")
+    params = {k.lower(): v for k, v in re.findall(r'(\w+)="([^"]*)"', rest)}
+    return scheme.lower(), params
+
+
+class RegistryClient:
+    """Registry API calls for one process; thread-compatible but not shared across threads."""
+
+    def __init__(self, insecure: Iterable[str] = (), *, timeout: float = 60.0,
+                 env: Mapping[str, str] | None = None, skopeo: str = "skopeo",
+                 skopeo_timeout: float = 3600.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.insecure = {h.strip() for h in insecure if h and h.strip()}
+        self.timeout = timeout
+        self.env = dict(os.environ if env is None else env)
+        self.skopeo = skopeo
+        self.skopeo_timeout = skopeo_timeout
+        self._transport = transport
+        self._clients: dict[str, httpx.Client] = {}
+        self._tokens: dict[tuple[str, str], str] = {}
+
+    # ----------------------------------------------------------------- plumbing
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def __enter__(self) -> "RegistryClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def is_insecure(self, registry: str) -> bool:
+        return registry in self.insecure
+
+    def base_url(self, registry: str) -> str:
+        host = "registry-1.docker.io" if registry == DEFAULT_REGISTRY else registry
+        return f"{'http' if self.is_insecure(registry) else 'https'}://{host}"
+
+    def _client(self, registry: str) -> httpx.Client:
+        if registry not in self._clients:
+            # Loopback registries never go through a proxy from the environment.
+            self._clients[registry] = httpx.Client(timeout=self.timeout, verify=True, follow_redirects=True,
+                                                   trust_env=not _is_loopback(registry),
+                                                   transport=self._transport)
+        return self._clients[registry]
+
+    def _credentials(self, ref: ImageRef) -> Credentials | None:
+        return find_credentials(ref.registry, ref.repository, self.env)
+
+    def _request(self, method: str, ref: ImageRef, path: str, *, what: str, actions: str = "pull",
+                 extra_scopes: tuple[str, ...] = (), headers: dict[str, str] | None = None,
+                 content: bytes | None = None, params: dict[str, str] | None = None) -> httpx.Response:
+        url = f"{self.base_url(ref.registry)}/v2/{path}"
+        scope = f"repository:{ref.repository}:{actions}"
+        key = (ref.registry, " ".join((scope, *extra_scopes)))
+        base_headers = dict(headers or {})
+        if key in self._tokens:
+            base_headers["Authorization"] = self._tokens[key]
+        response = self._send(method, url, ref, what, base_headers, content, params)
+        if response.status_code == 401:
+            auth = self._authorise(ref, response, scope, extra_scopes, what)
+            if auth:
+                self._tokens[key] = auth
+                base_headers["Authorization"] = auth
+                response = self._send(method, url, ref, what, base_headers, content, params)
+        if response.status_code in (401, 403):
+            creds = self._credentials(ref)
+            raise RegistryUnauthorized(
+                f"{what}: registry {ref.registry} refused access (HTTP {response.status_code}"
+                + (f", as user {creds.username!r} from {creds.source}" if creds else ", no credentials found")
+                + f"){_error_detail(response)}")
+        if response.status_code >= 500:
+            raise RegistryUnreachable(f"{what}: registry {ref.registry} answered HTTP {response.status_code}"
+                                      f"{_error_detail(response)}")
+        return response
+
+    def _send(self, method: str, url: str, ref: ImageRef, what: str, headers: dict[str, str],
+              content: bytes | None, params: dict[str, str] | None) -> httpx.Response:
+        try:
+            return self._client(ref.registry).request(method, url, headers=headers, content=content, params=params)
+        except httpx.TimeoutException:
+            raise RegistryUnreachable(f"{what}: registry {ref.registry} timed out after {self.timeout:g}s") from None
+        except httpx.TransportError as exc:
+            hint = ""
+            text = str(exc)
+            if "SSL" in text or "TLS" in text or "certificate" in text.lower():
+                hint = " (TLS failed: a plain-HTTP registry must be listed as insecure)"
+            raise RegistryUnreachable(f"{what}: registry {ref.registry} is unreachable: "
+                                      f"{type(exc).__name__}: {text or 'no detail'}{hint}") from None
+
+    def _authorise(self, ref: ImageRef, response: httpx.Response, scope: str, extra_scopes: tuple[str, ...],
+                   what: str) -> str | None:
+        scheme, params = _challenge(response.headers.get("WWW-Authenticate", ""))
+        creds = self._credentials(ref)
+        if scheme == "basic":
+            return creds.basic_header() if creds else None
+        if scheme != "bearer" or "realm" not in params:
+            return None
+        realm = params["realm"]
+        if creds and realm.startswith("http://") and not self.is_insecure(ref.registry):
+            raise RegistryUnauthorized(f"{what}: registry {ref.registry} asks for credentials over plain HTTP "
+                                       f"({realm.split('?')[0]}); refusing to send them")
+        query: list[tuple[str, str]] = []
+        if params.get("service"):
+            query.append(("service", params["service"]))
+        scopes = [params.get("scope") or scope, *extra_scopes]
+        query.extend(("scope", s) for s in dict.fromkeys(scopes))
+        headers = {"Authorization": creds.basic_header()} if creds else {}
+        try:
+            with httpx.Client(timeout=self.timeout, verify=True, trust_env=not _is_loopback(ref.registry),
+                              transport=self._transport) as client:
+                token_resp = client.get(realm, params=query, headers=headers)
+        except httpx.HTTPError as exc:
+            raise RegistryUnreachable(f"{what}: token service of {ref.registry} is unreachable: "
+                                      f"{type(exc).__name__}") from None
+        if token_resp.status_code in (401, 403):
+            raise RegistryUnauthorized(f"{what}: token service of {ref.registry} refused "
+                                       + (f"user {creds.username!r} from {creds.source}" if creds else "anonymous access")
+                                       + f" (HTTP {token_resp.status_code})")
+        if token_resp.status_code != 200:
+            raise RegistryUnreachable(f"{what}: token service of {ref.registry} answered HTTP {token_resp.status_code}")
+        try:
+            data = token_resp.json()
+        except ValueError:
+            raise RegistryUnreachable(f"{what}: token service of {ref.registry} sent no JSON") from None
+        token = data.get("token") or data.get("access_token")
+        return f"Bearer {token}" if token else None
+
+    # ----------------------------------------------------------------- manifests
+
+    def get_manifest(self, ref: ImageRef | str) -> Manifest:
+        """The manifest's exact bytes, media type and verified digest."""
+        ref = _as_ref(ref)
+        what = f"get {ref}"
+        resp = self._request("GET", ref, f"{ref.repository}/manifests/{ref.reference}", what=what,
+                             headers={"Accept": ACCEPT})
+        if resp.status_code == 404:
+            raise ImageNotFound(f"{ref} not found in registry {ref.registry}{_error_detail(resp)}")
+        if resp.status_code != 200:
+            raise RegistryError(f"{what}: HTTP {resp.status_code}{_error_detail(resp)}")
+        body = resp.content
+        digest = sha256_digest(body)
+        header = resp.headers.get("Docker-Content-Digest")
+        if header and header != digest:
+            raise DigestMismatch(f"{ref}: registry says {header} but the manifest bytes hash to {digest}")
+        if ref.digest and ref.digest != digest:
+            raise DigestMismatch(f"{ref}: the manifest bytes hash to {digest}, not the requested digest")
+        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        if not media_type:
+            try:
+                media_type = json.loads(body).get("mediaType", "")
+            except ValueError:
+                media_type = ""
+        return Manifest(body, media_type, digest)
+
+    def resolve(self, ref: ImageRef | str) -> str:
+        """The digest a reference points to now, verified against the manifest bytes."""
+        return self.get_manifest(ref).digest
+
+    def digest_if_exists(self, ref: ImageRef | str) -> str | None:
+        """HEAD: the digest a tag points to, or None when the tag (or repository) does not exist."""
+        ref = _as_ref(ref)
+        what = f"check {ref}"
+        resp = self._request("HEAD", ref, f"{ref.repository}/manifests/{ref.reference}", what=what,
+                             headers={"Accept": ACCEPT})
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise RegistryError(f"{what}: HTTP {resp.status_code}")
+        header = resp.headers.get("Docker-Content-Digest")
+        if header:
+            return header
+        try:
+            return self.resolve(ref)
+        except ImageNotFound:
+            return None
+
+    def put_manifest(self, ref: ImageRef | str, manifest: Manifest) -> str:
+        """PUT the exact bytes under ref's tag (or digest); returns the digest the registry stored."""
+        ref = _as_ref(ref)
+        what = f"push manifest to {ref}"
+        resp = self._request("PUT", ref, f"{ref.repository}/manifests/{ref.reference}", what=what,
+                             actions="pull,push", headers={"Content-Type": manifest.media_type},
+                             content=manifest.body)
+        if resp.status_code == 404:
+            raise ImageNotFound(f"{what}: the registry is missing something the manifest references"
+                                f"{_error_detail(resp)}")
+        if resp.status_code not in (200, 201, 202):
+            raise CopyFailed(f"{what}: HTTP {resp.status_code}{_error_detail(resp)}")
+        stored = resp.headers.get("Docker-Content-Digest") or manifest.digest
+        if stored != manifest.digest:
+            raise DigestMismatch(f"{what}: the registry stored {stored}, expected {manifest.digest}")
+        return stored
+
+    # ----------------------------------------------------------------- blobs
+
+    def blob_exists(self, ref: ImageRef, digest: str) -> bool:
+        resp = self._request("HEAD", ref, f"{ref.repository}/blobs/{digest}", what=f"check blob {digest} in {ref.name}")
+        return resp.status_code == 200
+
+    def mount_blob(self, target: ImageRef, digest: str, source_repository: str) -> bool:
+        """Cross-repository mount within one registry; False when the registry started an upload
+        instead (that upload is cancelled)."""
+        what = f"mount {digest} from {source_repository} into {target.name}"
+        resp = self._request("POST", target, f"{target.repository}/blobs/uploads/", what=what,
+                             actions="pull,push", extra_scopes=(f"repository:{source_repository}:pull",),
+                             params={"mount": digest, "from": source_repository}, content=b"")
+        if resp.status_code == 201:
+            return True
+        if resp.status_code == 202 and resp.headers.get("Location"):
+            location = resp.headers["Location"]
+            if location.startswith("/"):
+                location = self.base_url(target.registry) + location
+            with contextlib.suppress(RegistryError, httpx.HTTPError):
+                self._client(target.registry).delete(location)
+        return False
+
+    # ----------------------------------------------------------------- copies
+
+    def copy(self, source: ImageRef | str, target: ImageRef | str) -> CopyResult:
+        """Copy source (which must carry a digest) to target's tag, keeping the digest; then
+        resolve the target and check it has the source digest."""
+        src, dst = _as_ref(source), _as_ref(target)
+        if not src.digest:
+            raise RegistryError(f"copy from {src}: the source must be a digest reference")
+        if not dst.tag or dst.digest:
+            raise RegistryError(f"copy to {dst}: the target must be a tag reference")
+        method = "skopeo"
+        if src.registry == dst.registry:
+            try:
+                method = self._copy_within(src, dst)
+            except _NeedSkopeo as exc:
+                LOG.info("copy %s -> %s: %s; using skopeo", src, dst, exc)
+                self._skopeo_copy(src, dst)
+        else:
+            self._skopeo_copy(src, dst)
+        landed = self.resolve(dst)
+        if landed != src.digest:
+            raise DigestMismatch(f"after copying {src} to {dst}, the target resolves to {landed}")
+        return CopyResult(str(src), str(dst), landed, method)
+
+    def _copy_within(self, src: ImageRef, dst: ImageRef) -> str:
+        manifest = self.get_manifest(src)
+        mounted = False
+        if src.repository != dst.repository:
+            mounted = self._ensure_referenced(src, dst, manifest)
+        self.put_manifest(dst, manifest)
+        return "api+mount" if mounted else "api"
+
+    def _ensure_referenced(self, src: ImageRef, dst: ImageRef, manifest: Manifest) -> bool:
+        """Make every blob and child manifest of `manifest` exist in dst's repository."""
+        doc = manifest.json()
+        mounted = False
+        if manifest.is_index or "manifests" in doc:
+            for child in doc.get("manifests", []):
+                child_ref = src.with_digest(child["digest"])
+                child_manifest = self.get_manifest(child_ref)
+                mounted |= self._ensure_referenced(src, dst, child_manifest)
+                self.put_manifest(dst.with_digest(child["digest"]), child_manifest)
+            return mounted
+        blobs = [doc.get("config", {}).get("digest")] + [layer.get("digest") for layer in doc.get("layers", [])
+                                                          if not layer.get("urls")]
+        for digest in filter(None, dict.fromkeys(blobs)):
+            if self.blob_exists(dst, digest):
+                continue
+            if not self.mount_blob(dst, digest, src.repository):
+                raise _NeedSkopeo(f"registry {dst.registry} did not mount {digest}")
+            mounted = True
+        return mounted
+
+    # ----------------------------------------------------------------- skopeo
+
+    def _skopeo_copy(self, src: ImageRef, dst: ImageRef) -> None:
+        exe = shutil.which(self.skopeo)
+        if exe is None:
+            raise CopyFailed(f"copy {src} to {dst}: skopeo is not installed (needed to copy between registries)")
+        cmd = [exe, "copy", "--preserve-digests", "--quiet"]
+        if self.is_insecure(src.registry):
+            cmd.append("--src-tls-verify=false")
+        if self.is_insecure(dst.registry):
+            cmd.append("--dest-tls-verify=false")
+        with self._skopeo_auth(src, dst) as auth_args, _policy_args() as policy_args:
+            cmd += auth_args + policy_args + [f"docker://{src}", f"docker://{dst}"]
+            # skopeo reads the private auth file; the secret itself stays out of its environment
+            env = {k: v for k, v in self.env.items() if k not in (ENV_USERNAME, ENV_PASSWORD)}
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.skopeo_timeout, env=env)
+            except subprocess.TimeoutExpired:
+                raise RegistryUnreachable(f"copy {src} to {dst}: skopeo timed out after {self.skopeo_timeout:g}s") from None
+        if proc.returncode != 0:
+            raise _skopeo_error(f"copy {src} to {dst}", proc.stderr)
+
+    @contextlib.contextmanager
+    def _skopeo_auth(self, src: ImageRef, dst: ImageRef) -> Iterator[list[str]]:
+        """Credentials from the environment go to skopeo in a private auth file (never argv);
+        auth files skopeo already reads (REGISTRY_AUTH_FILE, containers/docker) are left to it."""
+        if not (self.env.get(ENV_USERNAME) and self.env.get(ENV_PASSWORD) is not None):
+            yield []
+            return
+        creds = find_credentials(src.registry, src.repository, self.env)
+        assert creds is not None
+        auths = {reg: {"auth": base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()}
+                 for reg in {src.registry, dst.registry}}
+        with tempfile.TemporaryDirectory(prefix="qualify-auth-") as tmp:
+            path = Path(tmp) / "auth.json"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"auths": auths}, fh)
+            yield ["--src-authfile", str(path), "--dest-authfile", str(path)]
+
+
+class _NeedSkopeo(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _policy_args() -> Iterator[list[str]]:
+    """skopeo refuses to run without a signature policy; the system's is used when present."""
+    home = Path.home() / ".config" / "containers" / "policy.json"
+    if Path("/etc/containers/policy.json").exists() or home.exists():
+        yield []
+        return
+    with tempfile.TemporaryDirectory(prefix="qualify-policy-") as tmp:
+        path = Path(tmp) / "policy.json"
+        path.write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+        yield ["--policy", str(path)]
+
+
+def _skopeo_error(what: str, stderr: str) -> RegistryError:
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    tail = lines[-1] if lines else "no message"
+    tail = re.sub(r"(?i)(authorization|password|token)[=:]\s*\S+", r"\1=<redacted>", tail)[:500]
+    low = (stderr or "").lower()
+    if "connection refused" in low or "no such host" in low or "i/o timeout" in low or "server gave http response" in low:
+        return RegistryUnreachable(f"{what}: a registry is unreachable: {tail}")
+    if "unauthorized" in low or "authentication required" in low or "denied" in low:
+        return RegistryUnauthorized(f"{what}: access refused: {tail}")
+    if "manifest unknown" in low or "not found" in low:
+        return ImageNotFound(f"{what}: not found: {tail}")
+    return CopyFailed(f"{what}: skopeo failed: {tail}")
+
+
+def _error_detail(response: httpx.Response) -> str:
+    """The registry's own error code, e.g. MANIFEST_UNKNOWN (never request headers)."""
+    try:
+        errors = response.json().get("errors") or []
+    except (ValueError, AttributeError):
+        return ""
+    codes = [f"{e.get('code')}: {e.get('message')}" for e in errors if isinstance(e, dict)]
+    return f" ({'; '.join(codes)[:300]})" if codes else ""

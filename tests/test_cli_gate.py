@@ -1,0 +1,150 @@
+"""`qualify gate evaluate|show|check` and `qualify promote` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from conftest import run_cli
+from qualify.cases import expand
+from qualify.gate.service import evaluate_and_commit
+from qualify.manifest_load import load_manifest_text
+from test_gate_support import good_doc, manifest_text, seed_run
+
+
+def invoke(*args: str):
+    """In-process run of the same commands (typer's CliRunner), for the cheap cases; the exit
+    codes that CI relies on go through the real entry point (run_cli, a subprocess)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from qualify import cli_gate
+
+    app = typer.Typer()
+    app.command("noop", hidden=True)(lambda: None)
+    cli_gate.register(app)
+    return CliRunner().invoke(app, list(args))
+
+
+def _no_traceback(proc) -> None:
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+
+
+def _seed(sessions, text: str, digest: str, *, broken: bool = False) -> int:
+    docs = None
+    if broken:
+        docs = {c.case_id: good_doc(c) for c in expand(load_manifest_text(text, check_expiry=False).release)}
+        docs["infer/tq/w8a8"]["probes"]["prefix_cache"] = {"status": "failed", "detail": "garbled"}
+    with sessions() as s:
+        run_id = seed_run(s, text, digest=digest, docs=docs).id
+        s.commit()
+    return run_id
+
+
+def test_evaluate_and_show(db_url, sessions):
+    text = manifest_text(gate_extra={"waivers": [{"id": "KI-pc", "cases": "infer/*", "check": "probe:prefix_cache",
+                                                  "reason": "known issue", "expires": "2025-06-15"}]})
+    run_id = _seed(sessions, text, "sha256:" + "1" * 64, broken=True)
+
+    ok = run_cli("gate", "evaluate", str(run_id), "--db", db_url, "--today", "2025-06-01")
+    assert ok.returncode == 0, ok.stderr
+    assert f"run {run_id}: PASS" in ok.stdout and "WAIVED" in ok.stdout and "KI-pc" in ok.stdout
+
+    bad = run_cli("gate", "evaluate", str(run_id), "--db", db_url, "--today", "2025-07-01", "--json")
+    assert bad.returncode == 1, bad.stderr
+    decision = json.loads(bad.stdout)
+    assert decision["verdict"] == "FAIL" and decision["run"] == run_id
+    assert any(r["status"] == "FAIL" and "expired on 2025-06-15" in r["message"] for r in decision["reasons"])
+
+    shown = invoke("gate", "show", str(run_id), "--db", db_url, "--all")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.count("decision ") == 2 and ": PASS" in shown.stdout and ": FAIL" in shown.stdout
+    latest = invoke("gate", "show", str(run_id), "--db", db_url, "--json")
+    assert [d["verdict"] for d in json.loads(latest.stdout)["decisions"]] == ["FAIL"]
+
+    missing = invoke("gate", "evaluate", "9999", "--db", db_url)
+    assert missing.exit_code == 2 and "error: no run 9999" in missing.output
+    bad_date = invoke("gate", "evaluate", str(run_id), "--db", db_url, "--today", "June")
+    assert bad_date.exit_code == 2 and "not a date" in bad_date.output
+    for proc in (ok, bad):
+        _no_traceback(proc)
+
+
+@pytest.mark.registry
+def test_gate_check_exit_codes(db_url, sessions, registry, registry_factory, make_image):
+    ns = "c" + uuid.uuid4().hex[:8]
+    repository = registry.ref(f"{ns}/demo")
+    digest = make_image(registry, f"{ns}/demo", "1.1-rc1")
+    text = manifest_text(release_extra={"repository": repository},
+                         gate_extra={"waivers": [{"id": "KI-pc", "cases": "infer/*", "check": "probe:prefix_cache",
+                                                  "reason": "known issue", "expires": "2025-06-15"}]})
+    run_id = _seed(sessions, text, digest, broken=True)
+    import datetime as dt
+
+    assert evaluate_and_commit(sessions, run_id, today=dt.date(2025, 6, 1)).verdict.verdict == "PASS"
+    tag_ref = registry.ref(f"{ns}/demo", "1.1-rc1")
+
+    passed = run_cli("gate", "check", tag_ref, "--insecure-registry", registry.host, "--db", db_url)
+    assert passed.returncode == 0, passed.stderr
+    assert passed.stdout.startswith("PASS:") and f"run {run_id}" in passed.stdout and "release demo:1.1" in passed.stdout
+
+    # a digest reference needs no registry: this host does not exist
+    by_digest = invoke("gate", "check", f"127.0.0.1:9/{ns}/demo@{digest}", "--db", db_url, "--json")
+    assert by_digest.exit_code == 0, by_digest.output
+    assert json.loads(by_digest.stdout)["verdict"] == "PASS"
+
+    unknown = invoke("gate", "check", f"{repository}@sha256:{'e' * 64}", "--db", db_url)
+    assert unknown.exit_code == 1 and "NO DECISION" in unknown.stdout
+
+    # the waiver expires; a later FAIL of the same digest overrides the earlier PASS
+    assert evaluate_and_commit(sessions, run_id, today=dt.date(2025, 7, 1)).verdict.verdict == "FAIL"
+    failed = run_cli("gate", "check", f"{repository}@{digest}", "--db", db_url)
+    assert failed.returncode == 1 and failed.stdout.startswith("FAIL:")
+    assert "overridden" in failed.stdout and "probe:prefix_cache" in failed.stdout
+
+    invalid = invoke("gate", "check", "Not/A Ref", "--db", db_url)
+    assert invalid.exit_code == 2 and "not a valid image reference" in invalid.output
+
+    down = registry_factory()
+    down.stop()
+    unreachable = run_cli("gate", "check", down.ref("x/y", "1"), "--insecure-registry", down.host, "--db", db_url)
+    assert unreachable.returncode == 2 and "unreachable" in unreachable.stderr
+    assert len(unreachable.stderr.strip().splitlines()) == 1
+    for proc in (passed, failed, unreachable):
+        _no_traceback(proc)
+
+
+@pytest.mark.registry
+def test_promote_cli(db_url, sessions, registry, make_image):
+    from fixtures_registry import skopeo_digest
+
+    ns = "p" + uuid.uuid4().hex[:8]
+    target = registry.ref(f"{ns}/public/demo", "1.1")
+    text = manifest_text(release_extra={"repository": registry.ref(f"{ns}/demo")},
+                         promotion={"targets": [{"name": "public", "reference": target}],
+                                    "insecure_registries": [registry.host]})
+    digest = make_image(registry, f"{ns}/demo", "1.1-rc1")
+    run_id = _seed(sessions, text, digest)
+
+    refused = invoke("promote", str(run_id), "--db", db_url)  # not evaluated yet
+    assert refused.exit_code == 1 and "refused:" in refused.output and "no gate decision" in refused.output
+
+    assert evaluate_and_commit(sessions, run_id).verdict.verdict == "PASS"
+    plan = invoke("promote", str(run_id), "--db", db_url, "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert f"@{digest}" in plan.stdout and "copy" in plan.stdout and target in plan.stdout
+    assert skopeo_digest(target) is None
+
+    done = run_cli("promote", str(run_id), "--db", db_url, "--json")  # the real entry point
+    assert done.returncode == 0, done.stderr
+    assert [t["outcome"] for t in json.loads(done.stdout)["targets"]] == ["promoted"]
+    assert skopeo_digest(target) == digest
+
+    no_reason = invoke("promote", str(run_id), "--db", db_url, "--force")
+    assert no_reason.exit_code == 2 and "--reason" in no_reason.output
+    again = invoke("promote", str(run_id), "--db", db_url)
+    assert again.exit_code == 0 and "skipped" in again.stdout
+    for proc in (done,):
+        _no_traceback(proc)
