@@ -1,0 +1,159 @@
+"""Validation of the inference workload's case parameters (case["params"]).
+
+Runs inside the candidate image: standard library and qualify.workloads.protocol only.
+Every problem raises protocol.BadCase naming the offending parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from qualify.workloads.protocol import BadCase
+
+ENGINES = ("transformers", "vllm")
+# Quantized on the fly with torchao (transformers engine) or read from a pre-quantized
+# checkpoint (vllm engine, e.g. compressed-tensors W8A8 / W8A16).
+TORCHAO_SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
+# Pre-quantized checkpoints that only vLLM loads (release note: vLLM 0.8.5 supports AWQ
+# w4a16, GPTQ w4a16/w8a16 and per-token/per-channel a8w8).
+PREQUANTIZED_SCHEMES = ("awq-w4a16", "gptq-w4a16", "gptq-w8a16")
+SCHEMES = TORCHAO_SCHEMES + PREQUANTIZED_SCHEMES
+PROBES = ("prefix_cache", "max_model_len", "degenerate")
+INJECTIONS = ("reference_seed", "corrupt_weights", "break_kv_cache")
+
+DEFAULT_TRAIN_STEPS = 120
+# Below this greedy-token agreement with the reference the case fails (low_agreement).
+# Deliberately loose: it catches broken quantization (a wrong model, garbage weights,
+# a broken kernel), not small regressions, which are the gate policy's job (it compares
+# token_agreement/kl_div_mean with the previous release).
+DEFAULT_MIN_TOKEN_AGREEMENT = 0.5
+
+_KNOWN = {
+    "engine", "model", "reference_model", "scheme", "engine_args", "num_prompts",
+    "prompt_len", "max_new_tokens", "eval_tokens", "seed", "num_threads", "repeats",
+    "warmup", "probes", "min_token_agreement", "train_steps", "inject", "top_k",
+    "group_size", "max_repeat_run", "prefix_tie_tol",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class InferParams:
+    engine: str
+    model: str
+    scheme: str
+    reference_model: str | None = None
+    engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    num_prompts: int = 8
+    prompt_len: int = 32
+    max_new_tokens: int = 16
+    eval_tokens: int = 64
+    seed: int = 0
+    num_threads: int | None = None
+    repeats: int = 3
+    warmup: int = 1
+    probes: tuple[str, ...] = PROBES
+    min_token_agreement: float = DEFAULT_MIN_TOKEN_AGREEMENT
+    train_steps: int | None = None  # None: DEFAULT_TRAIN_STEPS for tiny presets
+    top_k: int = 5
+    group_size: int = 128  # int4 group size (w4a16); per layer the largest of 128/64/32 dividing it
+    max_repeat_run: int = 8  # a run of one token longer than this is degenerate
+    prefix_tie_tol: float | None = None  # top-2 logit margin under which a divergence is a tie
+    inject: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def prequantized(self) -> bool:
+        return self.scheme in PREQUANTIZED_SCHEMES
+
+
+def _int(params: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    value = params.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadCase(f"{name}: expected an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise BadCase(f"{name}: {value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _float(params: dict[str, Any], name: str, default: float | None, lo: float, hi: float) -> float | None:
+    value = params.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadCase(f"{name}: expected a number, got {value!r}")
+    if not lo <= float(value) <= hi:
+        raise BadCase(f"{name}: {value} is outside [{lo}, {hi}]")
+    return float(value)
+
+
+def parse_params(params: Any) -> InferParams:
+    if not isinstance(params, dict):
+        raise BadCase("params: expected an object")
+    unknown = sorted(set(params) - _KNOWN)
+    if unknown:
+        raise BadCase(f"{unknown[0]}: unknown parameter (known: {', '.join(sorted(_KNOWN))})")
+
+    engine = params.get("engine", "transformers")
+    if engine not in ENGINES:
+        raise BadCase(f"engine: {engine!r} is not one of {ENGINES}")
+    model = params.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadCase("model: required (a preset name or a path to a model directory)")
+    reference_model = params.get("reference_model")
+    if reference_model is not None and (not isinstance(reference_model, str) or not reference_model):
+        raise BadCase("reference_model: expected a path")
+    scheme = params.get("scheme", "none")
+    if scheme not in SCHEMES:
+        raise BadCase(f"scheme: {scheme!r} is not one of {SCHEMES}")
+    if engine == "transformers" and scheme in PREQUANTIZED_SCHEMES:
+        raise BadCase(f"scheme: {scheme!r} is a pre-quantized checkpoint format that only the vllm engine loads")
+    engine_args = params.get("engine_args") or {}
+    if not isinstance(engine_args, dict):
+        raise BadCase("engine_args: expected an object")
+
+    probes = params.get("probes", list(PROBES))
+    if not isinstance(probes, (list, tuple)) or not all(isinstance(p, str) for p in probes):
+        raise BadCase("probes: expected a list of probe names")
+    for name in probes:
+        if name not in PROBES:
+            raise BadCase(f"probes: {name!r} is not one of {PROBES}")
+
+    inject = params.get("inject") or {}
+    if not isinstance(inject, dict):
+        raise BadCase("inject: expected an object")
+    for key, value in inject.items():
+        if key not in INJECTIONS:
+            raise BadCase(f"inject.{key}: unknown injection (known: {', '.join(INJECTIONS)})")
+        if key == "reference_seed" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise BadCase("inject.reference_seed: expected an integer")
+        if key in ("corrupt_weights", "break_kv_cache") and not isinstance(value, bool):
+            raise BadCase(f"inject.{key}: expected true or false")
+
+    out = InferParams(
+        engine=engine,
+        model=model,
+        scheme=scheme,
+        reference_model=reference_model,
+        engine_args=dict(engine_args),
+        num_prompts=_int(params, "num_prompts", 8, 1, 4096),
+        prompt_len=_int(params, "prompt_len", 32, 1, 1 << 20),
+        max_new_tokens=_int(params, "max_new_tokens", 16, 1, 1 << 16),
+        eval_tokens=_int(params, "eval_tokens", 64, 1, 1 << 20),
+        seed=_int(params, "seed", 0, 0, 2**31 - 1),
+        num_threads=_int(params, "num_threads", None, 1, 1024),
+        repeats=_int(params, "repeats", 3, 1, 1000),
+        warmup=_int(params, "warmup", 1, 0, 100),
+        probes=tuple(probes),
+        min_token_agreement=_float(params, "min_token_agreement", DEFAULT_MIN_TOKEN_AGREEMENT, 0.0, 1.0),
+        train_steps=_int(params, "train_steps", None, 0, 1_000_000),
+        top_k=_int(params, "top_k", 5, 1, 100),
+        group_size=_int(params, "group_size", 128, 16, 4096),
+        max_repeat_run=_int(params, "max_repeat_run", 8, 1, 1 << 16),
+        prefix_tie_tol=_float(params, "prefix_tie_tol", None, 0.0, 100.0),
+        inject=dict(inject),
+    )
+    if out.inject.get("reference_seed") is not None and out.reference_model is not None:
+        raise BadCase("inject.reference_seed: cannot be combined with reference_model")
+    return out

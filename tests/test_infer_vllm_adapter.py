@@ -1,0 +1,287 @@
+"""The vllm engine's adapter (src/qualify/workloads/infer_vllm.py).
+
+vLLM ITSELF IS UNVERIFIED HERE: it cannot be installed or run on this machine (no GPU;
+its pins conflict with the orchestrator's environment). These tests check the adapter's
+pure parts - case -> vllm.LLM / SamplingParams kwargs, checkpoint detection,
+RequestOutput parsing, error classification - and its orchestration against plain fake
+objects shaped like vLLM 0.8.5's documented API. The fakes stand in only because vLLM
+cannot run here; they prove nothing about vLLM's behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from qualify.workloads import infer_vllm as iv
+from qualify.workloads import protocol
+from qualify.workloads.infer import judge
+from qualify.workloads.infer_params import parse_params
+
+MOE_AWQ = {"vocab_size": 100, "num_experts": 8, "quantization_config": {"quant_method": "awq", "bits": 4}}
+DENSE_AWQ = {"vocab_size": 100, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+PLAIN = {"vocab_size": 100}
+
+
+def params(**kw):
+    return parse_params({"engine": "vllm", "model": "m", **kw})
+
+
+# ---------------------------------------------------------------- argument mapping
+
+
+def test_awq_and_gptq_on_moe_models_use_moe_wna16():
+    # Release note: AWQ/GPTQ MoE models on vLLM 0.8.5 need --quantization moe_wna16.
+    for scheme in ("awq-w4a16", "gptq-w4a16", "gptq-w8a16"):
+        assert iv.llm_kwargs(params(scheme=scheme), "/m", MOE_AWQ)["quantization"] == "moe_wna16"
+
+
+def test_dense_checkpoints_let_vllm_detect_the_method():
+    assert "quantization" not in iv.llm_kwargs(params(scheme="awq-w4a16"), "/m", DENSE_AWQ)
+    assert "quantization" not in iv.llm_kwargs(params(scheme="none"), "/m", PLAIN)
+    assert "quantization" not in iv.llm_kwargs(params(scheme="w8a8"), "/m", None)
+
+
+def test_explicit_quantization_passes_through_and_is_checked():
+    kw = iv.llm_kwargs(params(scheme="gptq-w4a16", engine_args={"quantization": "gptq_marlin"}), "/m", MOE_AWQ)
+    assert kw["quantization"] == "gptq_marlin"
+    kw = iv.llm_kwargs(params(scheme="awq-w4a16", engine_args={"quantization": "moe_wna16"}), "/m", None)
+    assert kw["quantization"] == "moe_wna16"
+    with pytest.raises(protocol.BadCase, match="^engine_args.quantization"):
+        iv.llm_kwargs(params(scheme="w8a8", engine_args={"quantization": "moe_wna16"}), "/m", None)
+    # The reference is the unquantized checkpoint: never a quantization method.
+    kw = iv.llm_kwargs(params(scheme="awq-w4a16", engine_args={"quantization": "moe_wna16"}), "/ref", PLAIN,
+                       reference=True)
+    assert "quantization" not in kw
+
+
+def test_prefix_caching_off_max_model_len_and_passthrough():
+    ea = {"enable_prefix_caching": False, "max_model_len": 65536, "tensor_parallel_size": 8,
+          "gpu_memory_utilization": 0.85, "dtype": "bfloat16", "trust_remote_code": True}
+    kw = iv.llm_kwargs(params(scheme="w8a8", seed=3, engine_args=ea), "/m", None)
+    assert kw["enable_prefix_caching"] is False  # the release note's --no-enable-prefix-caching
+    assert kw["max_model_len"] == 65536  # DeepSeek: must stay below 80k
+    assert (kw["tensor_parallel_size"], kw["gpu_memory_utilization"], kw["dtype"]) == (8, 0.85, "bfloat16")
+    assert kw["trust_remote_code"] is True and kw["model"] == "/m" and kw["seed"] == 3
+    assert "enable_prefix_caching" not in iv.llm_kwargs(params(), "/m", None)  # vLLM's default
+    with pytest.raises(protocol.BadCase, match="^engine_args.max_model_len"):
+        iv.llm_kwargs(params(engine_args={"max_model_len": "80k"}), "/m", None)
+    with pytest.raises(protocol.BadCase, match="^engine_args.enable_prefix_caching"):
+        iv.llm_kwargs(params(engine_args={"enable_prefix_caching": "no"}), "/m", None)
+    assert iv.llm_kwargs(params(), "/m", None, has_tokenizer=False)["skip_tokenizer_init"] is True
+
+
+def test_sampling_is_greedy_with_exact_lengths():
+    kw = iv.sampling_kwargs(params(seed=5), 16, logprobs=2, prompt_logprobs=5, detokenize=False)
+    assert kw == {"temperature": 0.0, "max_tokens": 16, "ignore_eos": True, "seed": 5, "logprobs": 2,
+                  "prompt_logprobs": 5, "detokenize": False}
+
+
+def test_checkpoint_scheme_detection():
+    assert iv.checkpoint_scheme(PLAIN) == "none"
+    assert iv.checkpoint_scheme(DENSE_AWQ) == "awq-w4a16"
+    assert iv.checkpoint_scheme({"quantization_config": {"quant_method": "gptq", "bits": 8}}) == "gptq-w8a16"
+    assert iv.checkpoint_scheme({"quantization_config": {"quant_method": "gptq", "bits": 4}}) == "gptq-w4a16"
+    ct = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}}}}
+    assert iv.checkpoint_scheme({"quantization_config": ct}) == "w8a8"
+    ct["config_groups"]["group_0"]["input_activations"] = None
+    assert iv.checkpoint_scheme({"quantization_config": ct}) == "w8a16"
+    assert iv.checkpoint_scheme({"quantization_config": {"quant_method": "fp8"}}) is None
+    assert iv.checkpoint_scheme(None) is None
+
+
+def test_scheme_must_match_the_checkpoint():
+    with pytest.raises(protocol.BadCase, match="^scheme"):
+        iv.check_scheme(params(scheme="none"), DENSE_AWQ)
+    with pytest.raises(protocol.BadCase, match="^scheme"):
+        iv.check_scheme(params(scheme="w8a8"), PLAIN)  # vLLM quantizes nothing on the fly here
+    with pytest.raises(protocol.BadCase, match="^scheme"):
+        iv.check_scheme(params(scheme="gptq-w4a16"), DENSE_AWQ)
+    assert iv.check_scheme(params(scheme="awq-w4a16"), DENSE_AWQ) == "awq-w4a16"
+    assert iv.check_scheme(params(scheme="w8a8"), None) is None  # a hub id: cannot tell
+
+
+# ---------------------------------------------------------------- output parsing
+
+
+class Logprob:
+    """Shaped like vllm.sequence.Logprob."""
+
+    def __init__(self, logprob: float, rank: int | None = None) -> None:
+        self.logprob, self.rank, self.decoded_token = logprob, rank, None
+
+
+def request_output(tokens, *, metrics=None, logprobs=None, prompt_ids=(), prompt_logprobs=None):
+    """Shaped like vllm.RequestOutput (one CompletionOutput)."""
+    comp = SimpleNamespace(index=0, text="", token_ids=tuple(tokens), cumulative_logprob=None, logprobs=logprobs,
+                           finish_reason="length")
+    return SimpleNamespace(request_id="0", prompt=None, prompt_token_ids=list(prompt_ids),
+                           prompt_logprobs=prompt_logprobs, outputs=[comp], finished=True, metrics=metrics)
+
+
+def test_parse_v0_request_metrics():
+    m = SimpleNamespace(arrival_time=100.0, first_scheduled_time=100.01, first_token_time=100.25,
+                        last_token_time=101.0, finished_time=101.05, time_in_queue=0.01)
+    rec = iv.parse_request_output(request_output([5, 6, 7, 8, 9, 10], metrics=m))
+    assert rec["tokens"] == [5, 6, 7, 8, 9, 10] and rec["timing"] == "engine_metrics"
+    assert rec["ttft_s"] == pytest.approx(0.25) and rec["latency_s"] == pytest.approx(1.05)
+    assert rec["tpot_s"] == pytest.approx((1.05 - 0.25) / 5)
+
+
+def test_parse_v1_without_metrics_uses_wall_clock():
+    rec = iv.parse_request_output(request_output([1, 2, 3]), wall_start=10.0, wall_end=10.5, wall_ttft=0.1)
+    assert rec["timing"] == "wall" and rec["latency_s"] == pytest.approx(0.5)
+    assert rec["tpot_s"] == pytest.approx(0.2)
+    rec = iv.parse_request_output(request_output([1]))
+    assert rec["timing"] is None and rec["tpot_s"] is None
+
+
+def test_parse_logprobs_and_teacher_forced_positions():
+    step = {7: Logprob(-0.1, 1), 3: Logprob(-2.4, 2)}
+    plp = [None, {4: Logprob(-1.0, 2), 9: Logprob(-0.2, 1)}, {5: Logprob(-0.3, 1), 1: Logprob(-1.5, 2)}]
+    rec = iv.parse_request_output(request_output([7], logprobs=[step], prompt_ids=[2, 4, 5], prompt_logprobs=plp))
+    assert rec["logprobs"] == [{7: -0.1, 3: -2.4}]
+    assert iv.top2_margin(rec["logprobs"][0]) == pytest.approx(2.3)
+    positions, actual = iv.teacher_forced_positions(rec, [2, 4, 5])
+    assert positions == [{4: -1.0, 9: -0.2}, {5: -0.3, 1: -1.5}]
+    assert actual == [-1.0, -0.3]  # logprob of the real next token, for perplexity
+    # Plain floats (some versions/serialisations) parse too.
+    assert iv.logprob_dicts([{1: -0.5}]) == [{1: -0.5}]
+
+
+def test_error_classification():
+    assert iv.classify_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
+    assert iv.classify_error(ValueError("No available memory for the cache blocks. Try increasing "
+                                        "`gpu_memory_utilization`")) == "oom"
+    assert iv.classify_error(ValueError("The model's max seq len (163840) is larger than the maximum number of "
+                                        "tokens that can be stored in KV cache (80000).")) == "oom"
+    assert iv.classify_error(ValueError("Unknown quantization method: foo")) is None
+
+
+# ---------------------------------------------------------------- orchestration against a fake vllm
+
+
+class FakeTokenizer:
+    def __len__(self) -> int:
+        return 100
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 100 for c in text]}
+
+
+class FakeLLM:
+    """Deterministic stand-in: next token = (last + 1) % 100. `garble` adds 1 to outputs of
+    requests whose prompt extends a prompt seen earlier (a broken prefix cache)."""
+
+    instances: list["FakeLLM"] = []
+    garble = False
+    kv_limit = 10_000
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs = kwargs
+        self.seen: list[tuple[int, ...]] = []
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=kwargs.get("max_model_len", 256)))
+        FakeLLM.instances.append(self)
+
+    def get_tokenizer(self):
+        return FakeTokenizer()
+
+    def reset_prefix_cache(self) -> bool:
+        self.seen.clear()
+        return True
+
+    def generate(self, prompts, sp, use_tqdm=True):
+        outs = []
+        for prompt in prompts:
+            ids = list(prompt["prompt_token_ids"])
+            if len(ids) + sp.max_tokens > self.kv_limit:
+                raise ValueError("larger than the maximum number of tokens that can be stored in KV cache")
+            shift = 1 if self.garble and any(len(s) < len(ids) and tuple(ids[:len(s)]) == s for s in self.seen) else 0
+            self.seen.append(tuple(ids))
+            toks = [(ids[-1] + 1 + i + shift) % 100 for i in range(sp.max_tokens)]
+            lps = [{t: Logprob(-0.1), (t + 50) % 100: Logprob(-3.0)} for t in toks] if getattr(sp, "logprobs", None) \
+                else None
+            plp = None
+            if getattr(sp, "prompt_logprobs", None):
+                plp = [None] + [{ids[i]: Logprob(-1.0), (ids[i - 1] + 1) % 100: Logprob(-0.5)}
+                                for i in range(1, len(ids))]
+            outs.append(request_output(toks, logprobs=lps, prompt_ids=ids, prompt_logprobs=plp))
+        return outs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    mod = types.ModuleType("vllm")
+    mod.__version__ = "0.8.5+fake"
+    mod.LLM = FakeLLM
+    mod.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    FakeLLM.instances = []
+    FakeLLM.garble = False
+    FakeLLM.kv_limit = 10_000
+    return mod
+
+
+def _dir(tmp_path, name, config):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return str(d)
+
+
+def _run(p):
+    report = iv.run(p, logging.getLogger("test"))
+    status, cls, _ = judge(p, report["metrics"], report["probes"])
+    doc = protocol.make_result({"case_id": "c", "kind": "infer"}, status, error_class=cls,
+                               metrics=report["metrics"], samples=report["samples"], probes=report["probes"],
+                               environment=report["environment"])
+    assert protocol.validate_result(doc) == []
+    return doc
+
+
+def test_run_moe_awq_with_reference_and_prefix_caching_off(fake_vllm, tmp_path):
+    model = _dir(tmp_path, "awq", MOE_AWQ)
+    ref = _dir(tmp_path, "ref", {"vocab_size": 100, "num_experts": 8})
+    p = parse_params({"engine": "vllm", "model": model, "reference_model": ref, "scheme": "awq-w4a16",
+                      "engine_args": {"enable_prefix_caching": False, "max_model_len": 128},
+                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "repeats": 2, "max_new_tokens": 4})
+    doc = _run(p)
+    ref_llm, q_llm = FakeLLM.instances
+    assert "quantization" not in ref_llm.kwargs
+    assert q_llm.kwargs["quantization"] == "moe_wna16"
+    assert q_llm.kwargs["enable_prefix_caching"] is False and q_llm.kwargs["max_model_len"] == 128
+    assert doc["status"] == "passed"
+    m = doc["metrics"]
+    assert m["token_agreement"] == 1.0 and m["topk_overlap"] == 1.0 and m["kl_div_mean"] is None
+    assert m["perplexity"] == pytest.approx(2.718281828, rel=1e-6)
+    assert len(doc["samples"]["output_tokens_per_s"]) == 2 and len(doc["samples"]["tpot_s"]) == 2
+    assert doc["probes"]["prefix_cache"]["status"] == "skipped"
+    assert doc["probes"]["max_model_len"]["status"] == "passed"
+    assert doc["environment"]["engine"] == "vllm" and doc["environment"]["vllm"] == "0.8.5+fake"
+
+
+def test_run_detects_garbled_prefix_cache_and_oom(fake_vllm, tmp_path):
+    model = _dir(tmp_path, "plain", PLAIN)
+    FakeLLM.garble = True
+    FakeLLM.kv_limit = 200
+    p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
+                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "repeats": 1, "max_new_tokens": 4})
+    doc = _run(p)
+    assert doc["probes"]["prefix_cache"]["status"] == "failed"
+    assert doc["probes"]["max_model_len"]["status"] == "failed"
+    assert doc["status"] == "failed" and doc["error_class"] == "oom"  # oom outranks garbled
+    FakeLLM.kv_limit = 10_000
+    doc = _run(p)
+    assert doc["error_class"] == "garbled"
+
+
+def test_vllm_engine_refuses_fault_injection(fake_vllm):
+    with pytest.raises(protocol.BadCase, match="^inject.break_kv_cache"):
+        iv.run(params(inject={"break_kv_cache": True}), logging.getLogger("test"))
