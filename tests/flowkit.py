@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,9 @@ def results(db_url: str, run_id: int) -> dict[str, dict[str, Any]]:
         row["environment"] = json.loads(env) if isinstance(env, str) else env
         out[row["case_id"]] = row
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -11,29 +11,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from flowkit import results, run_qualify, sleep_manifest
+from flowkit import free_port, results, run_qualify, sleep_manifest
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def ray_cluster(tmp_path: Path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    port = _free_port()
+    port = free_port()
     temp = f"/tmp/qrc-{port}"
     head = subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
                            "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],

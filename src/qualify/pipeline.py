@@ -7,6 +7,7 @@ arrives, so a crash loses at most the cases in flight.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import getpass
 import os
@@ -15,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -99,12 +100,18 @@ class RunContext:
     def release(self):  # type: ignore[no-untyped-def]
         return self.loaded.release
 
-    def stage(self, name: str, seconds: float | None = None) -> None:
+    @contextlib.contextmanager
+    def run_row(self) -> Iterator[tuple[Session, Run]]:
+        """A session and this run's row; commits when the block ends without an exception."""
         with self.sessions() as session:
             run = session.get(Run, self.run_id)
-            assert run is not None
-            repo.set_stage(session, run, name, seconds)
+            assert run is not None, f"run {self.run_id} vanished from the database"
+            yield session, run
             session.commit()
+
+    def stage(self, name: str, seconds: float | None = None) -> None:
+        with self.run_row() as (session, run):
+            repo.set_stage(session, run, name, seconds)
 
     def start_heartbeat(self) -> None:
         def beat() -> None:
@@ -267,11 +274,8 @@ def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
             check["ok"] = check["ok"] and check["optional"]
     else:
         checks = check_components(components, doc["environment"].get("facts", {}))
-    with ctx.sessions() as session:
-        run = session.get(Run, ctx.run_id)
-        assert run is not None
+    with ctx.run_row() as (session, run):
         repo.record_component_checks(session, run, checks)
-        session.commit()
     return checks
 
 
@@ -336,9 +340,6 @@ def fail_run(ctx: RunContext, status: str, error: str) -> None:
 
 def finish_run(ctx: RunContext, verdict: str) -> str:
     status = {"PASS": "passed", "FAIL": "failed", "INCOMPLETE": "incomplete"}[verdict]
-    with ctx.sessions() as session:
-        run = session.get(Run, ctx.run_id)
-        assert run is not None
+    with ctx.run_row() as (session, run):
         repo.finish_run(session, run, status)
-        session.commit()
     return status
