@@ -1,0 +1,488 @@
+"""Container builders (buildah, podman, docker) and the prebuilt resolver.
+
+Each builder is ``(release, data_dir, manifest_dir) -> BuildResult``. A build:
+
+1. resolves the manifest's Containerfile and context (relative to the manifest's folder);
+2. runs ``buildah build`` / ``podman build`` with ``--layers`` caching in qualify's container
+   store (``<QUALIFY_CACHE_DIR>/containers/{root,runroot}``, shared with the container
+   executor so that builds and runs see the same images), with the build arguments
+   (``build.build_args``; exact/public component pins as ``<NAME>_VERSION``) and the extra
+   CA bundle (``build.ca_bundle``) mounted into RUN steps only, never baked in;
+3. tags the candidate ``{release.repository}:{candidate_tag}`` and pushes it there (plain
+   HTTP only for loopback registries and ``promotion.insecure_registries``);
+4. records the digest the registry reports (``--digestfile``), checked with ``skopeo inspect``.
+
+The image is identified by ``repository@digest`` from then on. Every command's output goes to
+``<data_dir>/builds/<timestamp>-<name>.log``; a failure raises BuildError with its tail.
+
+Build arguments named ``context:<name>`` are named build contexts, not arguments:
+``{"context:wheels": "/opt/wheels"}`` becomes ``--build-context wheels=/opt/wheels`` (a
+Containerfile uses it as ``RUN --mount=type=bind,from=wheels,target=/wheels``), so that large
+local files (the torch CPU wheel) enter RUN steps without a COPY layer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from qualify.build import BuildError, BuildResult
+from qualify.config import cache_dir
+from qualify.imageref import InvalidReference, parse_reference
+from qualify.manifest import Release
+
+TAIL_CHARS = 4000
+CONTEXT_ARG_PREFIX = "context:"
+# Where the builder mounts build.ca_bundle in RUN steps (Debian's system bundle path, which
+# OpenSSL, pip's truststore and requests all read) and what PIP_CERT then points to.
+CA_TARGET = "/etc/ssl/certs/ca-certificates.crt"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+# --------------------------------------------------------------------------- the container store
+
+
+@dataclass(frozen=True)
+class ContainerStore:
+    """qualify's own container storage: buildah and podman both point at it."""
+
+    root: str
+    runroot: str
+    conf: str
+
+    @property
+    def tmpdir(self) -> str:
+        return str(Path(self.runroot) / "libpod")
+
+    def global_args(self, tool: str) -> list[str]:
+        """Global options placing buildah/podman on this store (docker has no such thing)."""
+        if tool in ("buildah", "podman"):
+            args = ["--root", self.root, "--runroot", self.runroot]
+            if tool == "podman":
+                args += ["--tmpdir", self.tmpdir]
+            return args
+        return []
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env["CONTAINERS_CONF"] = self.conf
+        return env
+
+
+def containers_conf(store_dir: Path) -> str:
+    # What worked on these machines (docs/IMAGES.md): runc, because crun fails on hybrid
+    # cgroups; cgroupfs without systemd; a file events log (no journald); sane ulimits.
+    # scripts/base-image.sh writes the same file when it runs first.
+    runroot = store_dir / "runroot"
+    return (
+        "# Written by qualify (qualify.build.containers / scripts/base-image.sh); rewritten when it differs.\n"
+        "[containers]\n"
+        'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
+        "\n"
+        "[engine]\n"
+        'runtime = "runc"\n'
+        'cgroup_manager = "cgroupfs"\n'
+        'events_logger = "file"\n'
+        f'tmp_dir = "{runroot / "libpod"}"\n'
+    )
+
+
+def container_store(cache: Path | None = None) -> ContainerStore:
+    """The store in ``<cache>/containers`` (created, with its containers.conf, on first use)."""
+    store_dir = Path(cache or cache_dir()).expanduser().resolve() / "containers"
+    root, runroot = store_dir / "root", store_dir / "runroot"
+    for path in (root, runroot, runroot / "libpod"):
+        path.mkdir(parents=True, exist_ok=True)
+    conf = store_dir / "containers.conf"
+    text = containers_conf(store_dir)
+    try:
+        current = conf.read_text()
+    except OSError:
+        current = None
+    if current != text:
+        with tempfile.NamedTemporaryFile("w", dir=store_dir, delete=False, suffix=".tmp") as fh:
+            fh.write(text)
+        os.replace(fh.name, conf)
+    return ContainerStore(str(root), str(runroot), str(conf))
+
+
+def registry_of(reference: str) -> str:
+    try:
+        return parse_reference(reference).registry
+    except InvalidReference:
+        return reference.split("/", 1)[0]
+
+
+def is_insecure(reference: str, insecure_registries: Iterable[str] = ()) -> bool:
+    """Plain HTTP only for loopback registries and those the manifest lists as insecure."""
+    registry = registry_of(reference)
+    host = registry.rsplit(":", 1)[0] if not registry.endswith("]") else registry
+    if host in LOOPBACK_HOSTS or registry in LOOPBACK_HOSTS:
+        return True
+    listed = {r.strip().rstrip("/") for r in insecure_registries}
+    return registry in listed or host in listed
+
+
+def tls_args(reference: str, insecure_registries: Iterable[str] = ()) -> list[str]:
+    return ["--tls-verify=false"] if is_insecure(reference, insecure_registries) else []
+
+
+def engine_available(tool: str) -> str | None:
+    """None when the tool can be used; else why not."""
+    if shutil.which(tool) is None:
+        return f"{tool} is not installed"
+    if tool == "docker":
+        try:
+            res = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                                 text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"`docker info` failed: {exc}"
+        if res.returncode != 0 or not res.stdout.strip():
+            last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"no Docker engine answers `docker info` ({last[:200]})"
+    return None
+
+
+# --------------------------------------------------------------------------- the build log
+
+
+class BuildLog:
+    """One file per build; every command and its output appended to it."""
+
+    def __init__(self, data_dir: Path, name: str) -> None:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        folder = Path(data_dir) / "builds"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{stamp}-{name}.log"
+        self.path.touch()
+
+    def write(self, text: str) -> None:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(text if text.endswith("\n") else text + "\n")
+
+    def tail(self, chars: int = TAIL_CHARS) -> str:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - chars * 4))
+                data = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return data[-chars:]
+
+    def fail(self, message: str) -> BuildError:
+        self.write(f"qualify: error: {message}")
+        return BuildError(message, log_tail=self.tail(), log_path=str(self.path))
+
+    def run(self, argv: Sequence[str], *, env: dict[str, str] | None, timeout_s: float,
+            what: str, deadline: float | None = None) -> str:
+        """Run argv with its output appended to the log; returns the output, raises BuildError."""
+        if deadline is not None:
+            timeout_s = min(timeout_s, max(1.0, deadline - time.monotonic()))
+        self.write(f"$ {_quote(argv)}")
+        start = time.monotonic()
+        with open(self.path, "a", encoding="utf-8") as fh, tempfile.TemporaryFile("w+") as capture:
+            try:
+                proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, env=env, text=True, errors="replace",
+                                        start_new_session=True)
+            except OSError as exc:
+                raise self.fail(f"{what}: cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+            timed_out = _pump(proc, (fh, capture), timeout_s)
+            capture.seek(0)
+            output = capture.read()
+        seconds = time.monotonic() - start
+        if timed_out:
+            raise self.fail(f"{what} exceeded its timeout of {timeout_s:g} s and was killed")
+        self.write(f"# exit {proc.returncode} after {seconds:.1f} s")
+        if proc.returncode != 0:
+            raise self.fail(f"{what} failed (exit code {proc.returncode}); log: {self.path}")
+        return output
+
+
+def _pump(proc: subprocess.Popen[str], sinks: tuple, timeout_s: float) -> bool:
+    """Copy proc's output to the sinks until it exits; past the timeout kill its process group.
+
+    Returns True when it had to be killed.
+    """
+    import threading
+
+    assert proc.stdout is not None
+    fired = threading.Event()
+
+    def expire() -> None:
+        fired.set()
+        _kill_group(proc)
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        for line in proc.stdout:
+            for sink in sinks:
+                sink.write(line)
+            sinks[0].flush()
+        proc.wait()
+    finally:
+        timer.cancel()
+    return fired.is_set()
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+def _quote(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+# --------------------------------------------------------------------------- build settings
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    containerfile: Path
+    context: Path
+    build_args: dict[str, str]
+    contexts: dict[str, str]
+    ca_bundle: Path | None
+    target: str  # repository:candidate_tag
+
+
+def _resolve(manifest_dir: Path, value: str) -> Path:
+    path = Path(os.path.expandvars(value)).expanduser()
+    return (path if path.is_absolute() else (Path(manifest_dir) / path)).resolve()
+
+
+def pin_arg_name(component_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", component_name).strip("_").upper() + "_VERSION"
+
+
+def component_pins(release: Release) -> dict[str, str]:
+    """Exact/public package pins of the manifest as build arguments (TORCH_VERSION=2.13.0)."""
+    pins: dict[str, str] = {}
+    for component in release.components:
+        if component.source == "package" and component.match in ("exact", "public"):
+            pins[pin_arg_name(component.name)] = component.expected
+    return pins
+
+
+def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan:
+    spec = release.build
+    if not spec.containerfile:
+        raise log.fail(f"builder {spec.builder!r} needs build.containerfile")
+    containerfile = _resolve(manifest_dir, spec.containerfile)
+    if not containerfile.is_file():
+        raise log.fail(f"Containerfile {containerfile} not found (build.containerfile "
+                       f"{spec.containerfile!r}, relative to {manifest_dir})")
+    context = _resolve(manifest_dir, spec.context) if spec.context else containerfile.parent
+    if not context.is_dir():
+        raise log.fail(f"build context {context} is not a directory (build.context {spec.context!r})")
+    args = component_pins(release)
+    contexts: dict[str, str] = {}
+    for name, value in spec.build_args.items():
+        if name.startswith(CONTEXT_ARG_PREFIX):
+            ctx_name = name[len(CONTEXT_ARG_PREFIX):]
+            path = _resolve(manifest_dir, value)
+            if not path.exists():
+                raise log.fail(f"build context {ctx_name!r}: {path} does not exist (build.build_args {name!r})")
+            contexts[ctx_name] = str(path)
+        else:
+            args[name] = value
+    if spec.base_image:
+        args["BASE_IMAGE"] = spec.base_image
+    ca_bundle = None
+    if spec.ca_bundle:
+        ca_bundle = _resolve(manifest_dir, spec.ca_bundle)
+        if not ca_bundle.is_file():
+            raise log.fail(f"build.ca_bundle {ca_bundle} is not a file")
+    return BuildPlan(containerfile, context, args, contexts, ca_bundle, release.candidate_reference)
+
+
+def _build_argv(tool: str, store: ContainerStore, plan: BuildPlan, iidfile: Path) -> list[str]:
+    argv = [tool, *store.global_args(tool), "build", "--layers", "--network", "host", "--pull=false",
+            "--file", str(plan.containerfile), "--tag", plan.target, "--iidfile", str(iidfile)]
+    if tool == "buildah":
+        argv += ["--isolation", "oci", "--runtime", "runc"]
+    for name, value in plan.build_args.items():
+        argv += ["--build-arg", f"{name}={value}"]
+    for name, path in plan.contexts.items():
+        argv += ["--build-context", f"{name}={path}"]
+    if plan.ca_bundle is not None:
+        argv += ["--volume", f"{plan.ca_bundle}:{CA_TARGET}:ro", "--build-arg", f"PIP_CERT={CA_TARGET}"]
+    argv.append(str(plan.context))
+    return argv
+
+
+def local_base_images(plan: BuildPlan) -> list[str]:
+    """The FROM images named localhost/... (never pulled: they must be in the store already)."""
+    args: dict[str, str] = {}
+    images: list[str] = []
+    stages: set[str] = set()
+    for raw in plan.containerfile.read_text(errors="replace").splitlines():
+        line = raw.strip()
+        m = re.match(r"(?i)^ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(\S*))?", line)
+        if m and not images:
+            args[m.group(1)] = plan.build_args.get(m.group(1), (m.group(2) or "").strip("\"'"))
+            continue
+        m = re.match(r"(?i)^FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", line)
+        if m:
+            ref = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?",
+                         lambda g: args.get(g.group(1), plan.build_args.get(g.group(1), "")), m.group(1))
+            if ref.startswith("localhost/") and ref not in stages:
+                images.append(ref)
+            if m.group(2):
+                stages.add(m.group(2))
+    return images
+
+
+def _check_local_bases(tool: str, store: ContainerStore, plan: BuildPlan, log: BuildLog) -> None:
+    for image in local_base_images(plan):
+        argv = ([tool, *store.global_args(tool), "image", "exists", image] if tool == "podman"
+                else [tool, *store.global_args(tool), "inspect", "--type", "image", "--format", "{{.FromImageID}}",
+                      image])
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, env=store.env(), timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if res.returncode != 0:
+            raise log.fail(f"the local base image {image} is not in qualify's container store {store.root}: "
+                           "create it with scripts/base-image.sh (with the same QUALIFY_CACHE_DIR)")
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    log = BuildLog(data_dir, release.release.name)
+    plan = plan_build(release, manifest_dir, log)
+    why = engine_available(tool)
+    if why:
+        raise log.fail(f"builder {tool!r} cannot run: {why}")
+    store = container_store()
+    env = store.env()
+    _check_local_bases(tool, store, plan, log)
+    deadline = time.monotonic() + release.build.timeout_s
+    insecure = release.promotion.insecure_registries
+    with tempfile.TemporaryDirectory(prefix="qualify-build-") as tmp:
+        iidfile, digestfile = Path(tmp) / "iid", Path(tmp) / "digest"
+        log.run(_build_argv(tool, store, plan, iidfile), env=env, timeout_s=release.build.timeout_s,
+                what=f"{tool} build of {plan.containerfile}", deadline=deadline)
+        image_id = iidfile.read_text().strip() if iidfile.exists() else ""
+        log.write(f"# image id {image_id}")
+        push = [tool, *store.global_args(tool), "push", "--digestfile", str(digestfile),
+                *tls_args(plan.target, insecure), plan.target, f"docker://{plan.target}"]
+        log.run(push, env=env, timeout_s=release.build.timeout_s, what=f"push to {plan.target}",
+                deadline=deadline)
+        pushed = digestfile.read_text().strip() if digestfile.exists() else ""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", pushed):
+        raise log.fail(f"push to {plan.target} reported no digest (got {pushed!r})")
+    reported = inspect_digest(plan.target, log, env=env, insecure=insecure, deadline=deadline)
+    if reported != pushed:
+        raise log.fail(f"the registry reports {reported} for {plan.target}, but the push wrote {pushed}")
+    repository = release.release.repository
+    log.write(f"# candidate {repository}@{pushed}")
+    return BuildResult(repository=repository, tag=release.release.candidate_tag, digest=pushed,
+                       builder=tool, image_ref=f"{repository}@{pushed}", log_path=str(log.path),
+                       log_tail=log.tail())
+
+
+def inspect_digest(reference: str, log: BuildLog, *, env: dict[str, str] | None = None,
+                   insecure: Iterable[str] = (), deadline: float | None = None) -> str:
+    """The manifest digest a registry reports for a reference (skopeo inspect)."""
+    if shutil.which("skopeo") is None:
+        raise log.fail("skopeo is not installed (needed to read the digest the registry reports)")
+    argv = ["skopeo", "inspect", *tls_args(reference, insecure), "--format", "{{.Digest}}",
+            f"docker://{reference}"]
+    output = log.run(argv, env=env, timeout_s=300, what=f"skopeo inspect {reference}", deadline=deadline)
+    digest = output.strip().splitlines()[-1].strip() if output.strip() else ""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise log.fail(f"skopeo inspect {reference} gave no digest (got {digest!r})")
+    return digest
+
+
+def build_buildah(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    return _oci_build("buildah", release, data_dir, manifest_dir)
+
+
+def build_podman(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    return _oci_build("podman", release, data_dir, manifest_dir)
+
+
+def build_docker(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    """docker build (BuildKit) + docker push, only where a Docker engine answers."""
+    log = BuildLog(data_dir, release.release.name)
+    why = engine_available("docker")
+    if why:
+        raise log.fail(f"builder 'docker' cannot run: {why}. Use builder 'buildah' or 'podman' "
+                       "(daemonless), or start a Docker engine.")
+    plan = plan_build(release, manifest_dir, log)
+    deadline = time.monotonic() + release.build.timeout_s
+    env = dict(os.environ, DOCKER_BUILDKIT="1")
+    argv = ["docker", "build", "--network", "host", "--file", str(plan.containerfile), "--tag", plan.target]
+    for name, value in plan.build_args.items():
+        argv += ["--build-arg", f"{name}={value}"]
+    for name, path in plan.contexts.items():
+        argv += ["--build-context", f"{name}={path}"]
+    if plan.ca_bundle is not None:
+        # docker build has no --volume: the bundle is a BuildKit secret (never stored in a layer);
+        # a Containerfile reads it with RUN --mount=type=secret,id=ca_bundle.
+        argv += ["--secret", f"id=ca_bundle,src={plan.ca_bundle}", "--build-arg", "PIP_CERT=/run/secrets/ca_bundle"]
+    argv.append(str(plan.context))
+    log.run(argv, env=env, timeout_s=release.build.timeout_s, what=f"docker build of {plan.containerfile}",
+            deadline=deadline)
+    output = log.run(["docker", "push", plan.target], env=env, timeout_s=release.build.timeout_s,
+                     what=f"docker push {plan.target}", deadline=deadline)
+    m = re.findall(r"digest: (sha256:[0-9a-f]{64})", output)
+    insecure = release.promotion.insecure_registries
+    reported = inspect_digest(plan.target, log, insecure=insecure, deadline=deadline)
+    if m and m[-1] != reported:
+        raise log.fail(f"the registry reports {reported} for {plan.target}, but docker push printed {m[-1]}")
+    repository = release.release.repository
+    return BuildResult(repository=repository, tag=release.release.candidate_tag, digest=reported,
+                       builder="docker", image_ref=f"{repository}@{reported}", log_path=str(log.path),
+                       log_tail=log.tail())
+
+
+def build_prebuilt(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    """Nothing is built: resolve build.reference to the digest its registry reports."""
+    log = BuildLog(data_dir, release.release.name)
+    reference = release.build.reference
+    if not reference:
+        raise log.fail("builder 'prebuilt' needs build.reference")
+    try:
+        ref = parse_reference(reference)
+    except InvalidReference as exc:
+        raise log.fail(str(exc)) from None
+    digest = inspect_digest(reference, log, insecure=release.promotion.insecure_registries,
+                            deadline=time.monotonic() + release.build.timeout_s)
+    if ref.digest and ref.digest != digest:
+        raise log.fail(f"{reference}: the registry reports digest {digest}")
+    log.write(f"# prebuilt {ref.name}@{digest}")
+    return BuildResult(repository=ref.name, tag=ref.tag, digest=digest, builder="prebuilt",
+                       image_ref=f"{ref.name}@{digest}", log_path=str(log.path), log_tail=log.tail())
+
+
+BUILDERS = {
+    "buildah": build_buildah,
+    "podman": build_podman,
+    "docker": build_docker,
+    "prebuilt": build_prebuilt,
+}
+

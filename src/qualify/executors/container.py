@@ -1,0 +1,259 @@
+"""Container executor: run one workload case inside the candidate image (podman or docker).
+
+``podman run --rm -i --name qualify-<uuid> ... IMAGE python3 -m qualify.workloads.<kind>`` with
+the case document on stdin and the result document on stdout, as the local executor does.
+
+- The workload package is mounted read-only (``qualify/__init__.py`` and ``qualify/workloads``
+  only, at ``/opt/qualify``, ``PYTHONPATH=/opt/qualify``) unless the image bakes it in: inside
+  the image the workloads can import nothing of the rest of qualify, which is the boundary.
+- A host cache folder is mounted for the DeepSpeed op build (``TORCH_EXTENSIONS_DIR``), the
+  inductor cache and ``QUALIFY_CACHE_DIR``, so that the op build happens once per machine.
+- Least privilege: ``--network none`` unless the manifest asks for another network; ``--ipc
+  host``, ``--privileged`` and extra arguments only when it asks.
+- Accelerators: only the devices Ray assigned to the case (CDI ``--device nvidia.com/gpu=<id>``,
+  ``--gpus "device=<ids>"`` or a device template such as ``/dev/ppu{index}``), with
+  ``CUDA_VISIBLE_DEVICES`` set inside.
+- The per-case timeout kills the container (``rm -f`` by name) and the client's process group;
+  the container is removed by name whatever happens.
+- An image without python3 gives a result document (status error) naming the image, never an
+  exception; the engine failing to start the container (exit 125: pull failed, bad option) is
+  an infrastructure error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from qualify.config import cache_dir
+from qualify.executors.base import (TAIL_CHARS, CommandResult, ExecutionOutcome, case_json,
+                                    outcome_from_command, run_command)
+from qualify.workloads import protocol
+
+# The directory that holds the `qualify` package (src/): its workloads are mounted into the image.
+WORKLOAD_ROOT = str(Path(__file__).resolve().parents[2])
+IN_IMAGE_ROOT = "/opt/qualify"
+IN_IMAGE_CACHE = "/var/cache/qualify"
+NAME_PREFIX = "qualify-"
+# Exit codes of `podman run` / `docker run` themselves (not of the workload).
+ENGINE_ERROR = 125
+
+
+@dataclass(frozen=True)
+class ContainerExecutor:
+    image: str  # repository@sha256:... (a tag works, but a digest is what was qualified)
+    runtime: str = "podman"  # podman | docker (or a path to one of them)
+    network: str = "none"  # none | host | default
+    ipc_host: bool = False
+    privileged: bool = False
+    gpu_mode: str = "cdi"  # cdi | gpus-flag | none
+    device_template: str | None = None  # e.g. /dev/ppu{index}
+    extra_args: tuple[str, ...] = ()
+    shm_size: str | None = None
+    # The folder holding the `qualify` package to mount; None when the image bakes it in.
+    workload_root: str | None = WORKLOAD_ROOT
+    # Host folder mounted as the in-container cache (DeepSpeed ops, inductor, tiny models).
+    cache_root: str | None = None
+    # Plain HTTP for pulls (loopback and manifest-listed insecure registries).
+    tls_verify: bool = True
+    # podman storage shared with the builders (qualify.build.containers.ContainerStore).
+    storage_root: str | None = None
+    storage_runroot: str | None = None
+    containers_conf: str | None = None
+    extra_env: tuple[tuple[str, str], ...] = ()
+    rm_timeout_s: float = 60.0
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_manifest(cls, release: Any, image_ref: str, **overrides: Any) -> "ContainerExecutor":
+        """The executor for a release's candidate, from execution.container."""
+        from qualify.build.containers import container_store, is_insecure
+
+        opts = release.execution.container
+        values: dict[str, Any] = dict(
+            image=image_ref,
+            runtime=opts.runtime,
+            network=opts.network,
+            ipc_host=opts.ipc_host,
+            privileged=opts.privileged,
+            gpu_mode=opts.gpu_mode,
+            device_template=opts.device_template,
+            extra_args=tuple(opts.extra_args),
+            shm_size=opts.shm_size,
+            cache_root=str(cache_dir() / "container-cache"),
+            tls_verify=not is_insecure(image_ref, release.promotion.insecure_registries),
+        )
+        if _tool_name(opts.runtime) == "podman":
+            store = container_store()
+            values.update(storage_root=store.root, storage_runroot=store.runroot, containers_conf=store.conf)
+        values.update(overrides)
+        return cls(**values)
+
+    def describe(self) -> str:
+        extras = [f"network {self.network}"]
+        if self.ipc_host:
+            extras.append("ipc host")
+        if self.privileged:
+            extras.append("privileged")
+        return f"{_tool_name(self.runtime)} run {self.image} ({', '.join(extras)})"
+
+    # ------------------------------------------------------------------ command lines
+
+    @property
+    def _podman(self) -> bool:
+        return _tool_name(self.runtime) == "podman"
+
+    def engine_argv(self) -> list[str]:
+        """The engine with its global options (qualify's store for podman)."""
+        argv = [self.runtime]
+        if self._podman and self.storage_root:
+            argv += ["--root", self.storage_root]
+            if self.storage_runroot:
+                argv += ["--runroot", self.storage_runroot, "--tmpdir", str(Path(self.storage_runroot) / "libpod")]
+        return argv
+
+    def engine_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self._podman and self.containers_conf:
+            env["CONTAINERS_CONF"] = self.containers_conf
+        return env
+
+    def container_env(self, case_doc: dict[str, Any], gpu_ids: Sequence[str]) -> list[tuple[str, str]]:
+        env: list[tuple[str, str]] = [("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1")]
+        if self.workload_root:
+            env.append(("PYTHONPATH", IN_IMAGE_ROOT))
+        if self.cache_root:
+            env += [("QUALIFY_CACHE_DIR", IN_IMAGE_CACHE),
+                    ("TORCH_EXTENSIONS_DIR", f"{IN_IMAGE_CACHE}/torch_extensions"),
+                    ("TORCHINDUCTOR_CACHE_DIR", f"{IN_IMAGE_CACHE}/inductor")]
+        if gpu_ids:
+            # Restricted to the assigned devices, the container numbers them from 0; with all
+            # devices visible (gpu_mode none, no template) the host ids select them.
+            restricted = self.gpu_mode in ("cdi", "gpus-flag") or bool(self.device_template)
+            visible = [str(i) for i in range(len(gpu_ids))] if restricted else [str(g) for g in gpu_ids]
+            env += [("CUDA_VISIBLE_DEVICES", ",".join(visible)),
+                    ("QUALIFY_ASSIGNED_DEVICES", ",".join(str(g) for g in gpu_ids))]
+        env += list(self.extra_env)
+        env += [(str(k), str(v)) for k, v in (case_doc.get("env") or {}).items()]
+        return env
+
+    def device_args(self, gpu_ids: Sequence[str]) -> list[str]:
+        args: list[str] = []
+        if not gpu_ids:
+            return args
+        if self.device_template:
+            for gpu in gpu_ids:
+                args += ["--device", self.device_template.format(index=gpu, id=gpu)]
+        if self.gpu_mode == "cdi":
+            for gpu in gpu_ids:
+                args += ["--device", f"nvidia.com/gpu={gpu}"]
+        elif self.gpu_mode == "gpus-flag":
+            # The value is parsed as CSV: a list of devices must be quoted inside it.
+            args += ["--gpus", f'"device={",".join(str(g) for g in gpu_ids)}"']
+        return args
+
+    def run_argv(self, case_doc: dict[str, Any], name: str, gpu_ids: Sequence[str] = ()) -> list[str]:
+        kind = case_doc["kind"]
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", str(kind)):
+            raise ValueError(f"case kind {kind!r} is not a workload module name")
+        argv = [*self.engine_argv(), "run", "--rm", "-i", "--name", name, "--network", self.network]
+        if self._podman:
+            argv += ["--pull", "missing"]
+            if not self.tls_verify:
+                argv.append("--tls-verify=false")
+        if self.ipc_host:
+            argv.append("--ipc=host")
+        if self.privileged:
+            argv.append("--privileged")
+        if self.shm_size:
+            argv += ["--shm-size", self.shm_size]
+        if self.workload_root:
+            pkg = Path(self.workload_root) / "qualify"
+            argv += ["--volume", f"{pkg / '__init__.py'}:{IN_IMAGE_ROOT}/qualify/__init__.py:ro",
+                     "--volume", f"{pkg / 'workloads'}:{IN_IMAGE_ROOT}/qualify/workloads:ro"]
+        if self.cache_root:
+            argv += ["--volume", f"{self.cache_root}:{IN_IMAGE_CACHE}"]
+        argv += self.device_args(gpu_ids)
+        for key, value in self.container_env(case_doc, gpu_ids):
+            argv += ["--env", f"{key}={value}"]
+        argv += list(self.extra_args)
+        argv += [self.image, "python3", "-m", f"qualify.workloads.{kind}"]
+        return argv
+
+    # ------------------------------------------------------------------ running
+
+    def remove(self, name: str) -> None:
+        """Remove the container by name, killing it first; quiet when it is already gone."""
+        argv = [*self.engine_argv(), "rm", "--force"]
+        if self._podman:
+            argv += ["--time", "0", "--ignore"]
+        argv.append(name)
+        try:
+            subprocess.run(argv, capture_output=True, text=True, env=self.engine_env(), timeout=self.rm_timeout_s)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+    def run(self, case_doc: dict[str, Any], *, timeout_s: float, gpu_ids: Sequence[str] = ()) -> ExecutionOutcome:
+        name = f"{NAME_PREFIX}{uuid.uuid4().hex[:16]}"
+        gpu_ids = [str(g) for g in gpu_ids]
+        try:
+            argv = self.run_argv(case_doc, name, gpu_ids)
+        except ValueError as exc:
+            doc = protocol.make_result(case_doc, "error", error_class="bad_case", error=str(exc))
+            return ExecutionOutcome(doc=doc, exit_code=None, exec_s=0.0)
+        if self.cache_root:
+            try:
+                Path(self.cache_root).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                doc = protocol.make_result(case_doc, "error", error_class="infra",
+                                           error=f"cannot create the cache folder {self.cache_root}: {exc}")
+                return ExecutionOutcome(doc=doc, exit_code=None, exec_s=0.0, command=argv)
+        try:
+            res = run_command(argv, case_json(case_doc), timeout_s, env=self.engine_env(),
+                              on_timeout=lambda: self.remove(name))
+        finally:
+            self.remove(name)
+        return self._outcome(case_doc, res, argv, timeout_s)
+
+    def _outcome(self, case_doc: dict[str, Any], res: CommandResult, argv: list[str],
+                 timeout_s: float) -> ExecutionOutcome:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1][:500]
+        engine_failed = (not res.timed_out and not res.start_error and res.returncode == ENGINE_ERROR
+                         and not _has_document(res.stdout))
+        if engine_failed:
+            # The engine itself failed (pull, storage, bad option): infrastructure, retryable.
+            stderr_tail = res.stderr[-TAIL_CHARS:]
+            doc = protocol.make_result(case_doc, "error", error_class="infra",
+                                       error=f"{_tool_name(self.runtime)} could not run image {self.image}: {last}",
+                                       log_tail=stderr_tail, duration_s=res.seconds)
+            return ExecutionOutcome(doc=doc, exit_code=res.returncode, exec_s=res.seconds,
+                                    stderr_tail=stderr_tail, command=argv)
+        hint = (f"image {self.image} cannot run `python3 -m qualify.workloads.{case_doc.get('kind')}`: "
+                f"python3 is not on the image's PATH (the container executor needs an image with "
+                f"Python 3): {last}")
+        return outcome_from_command(case_doc, res, argv, timeout_s, not_found_hint=hint)
+
+
+def _has_document(stdout: str) -> bool:
+    try:
+        protocol.parse_result_output(stdout)
+        return True
+    except ValueError:
+        return False
+
+
+def _tool_name(runtime: str) -> str:
+    return Path(runtime).name
+
+
+def leftover_containers(executor: ContainerExecutor) -> list[str]:
+    """Names of qualify-* containers the engine still knows (for tests and cleanup)."""
+    argv = [*executor.engine_argv(), "ps", "--all", "--format", "{{.Names}}"]
+    res = subprocess.run(argv, capture_output=True, text=True, env=executor.engine_env(), timeout=60)
+    return [n for n in res.stdout.split() if n.startswith(NAME_PREFIX)]
