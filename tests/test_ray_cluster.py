@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,22 +27,47 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 @pytest.fixture
 def ray_cluster(tmp_path: Path):
+    """`ray start --head` and a second `ray start` node, each --block in its own process group,
+    so that the teardown stops exactly this cluster (never `ray stop`, which stops every Ray)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     port = free_port()
     temp = f"/tmp/qrc-{port}"
-    head = subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
-                           "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
-                          env=env, capture_output=True, text=True, timeout=180)
-    assert head.returncode == 0, head.stderr
     address = f"127.0.0.1:{port}"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(args: list[str], name: str) -> None:
+        log = open(tmp_path / f"{name}.log", "wb")
+        procs.append(subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args], env=env,
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def nodes_alive(n: int) -> bool:
+        res = subprocess.run([sys.executable, "-c", "import ray, sys; ray.init(address=sys.argv[1]); "
+                              "print(sum(x['Alive'] for x in ray.nodes()))", address],
+                             env=env, capture_output=True, text=True, timeout=120)
+        return res.returncode == 0 and res.stdout.strip().endswith(str(n))
+
     try:
-        node = subprocess.run([RAY, "start", f"--address={address}", "--num-cpus=2", "--num-gpus=2",
-                               '--resources={"gpu_node": 1}', "--disable-usage-stats"],
-                              env=env, capture_output=True, text=True, timeout=180)
-        assert node.returncode == 0, node.stderr
+        start(["--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
+               f"--temp-dir={temp}"], "head")
+        deadline = time.monotonic() + 180
+        while not nodes_alive(1):
+            assert time.monotonic() < deadline, (tmp_path / "head.log").read_text()[-3000:]
+            time.sleep(2)
+        start([f"--address={address}", "--num-cpus=2", "--num-gpus=2", '--resources={"gpu_node": 1}'], "gpu-node")
+        while not nodes_alive(2):
+            assert time.monotonic() < deadline, (tmp_path / "gpu-node.log").read_text()[-3000:]
+            time.sleep(2)
         yield address
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        for proc in reversed(procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         shutil.rmtree(temp, ignore_errors=True)
 
 

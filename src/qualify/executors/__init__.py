@@ -5,6 +5,7 @@ that runs the case (see docs/ARCHITECTURE.md).
 """
 
 from qualify.executors.base import ExecutionOutcome, Executor
+from qualify.executors.container import ContainerExecutor
 from qualify.executors.local import LocalExecutor
 
-__all__ = ["ExecutionOutcome", "Executor", "LocalExecutor"]
+__all__ = ["ContainerExecutor", "ExecutionOutcome", "Executor", "LocalExecutor"]
