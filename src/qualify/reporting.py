@@ -48,10 +48,23 @@ def run_summary(session: Session, run: Run) -> dict[str, Any]:
     }
 
 
+def manifest_order(run: Run) -> dict[str, int]:
+    """Case id -> position in the run's manifest, so reports list cases as the matrix does."""
+    from qualify.cases import expand
+    from qualify.manifest_load import ManifestError, load_manifest_text
+
+    try:
+        release = load_manifest_text(run.manifest_text, f"run {run.id}", check_expiry=False).release
+    except ManifestError:
+        return {}
+    return {case.case_id: k for k, case in enumerate(expand(release))}
+
+
 def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
     run = repo.get_run(session, run_id)
     if run is None:
         return None
+    order = manifest_order(run)
     detail = run_summary(session, run)
     detail.update({
         "repository": run.release.repository,
@@ -75,7 +88,8 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
              "samples": r.samples,
              "key_metrics": key_metrics(r), "attempts": r.attempts, "queue_wait_s": r.queue_wait_s,
              "exec_s": r.exec_s, "node": r.node}
-            for r in repo.case_results(session, run.id)
+            for r in sorted(repo.case_results(session, run.id),
+                            key=lambda r: (order.get(r.case_id, len(order)), r.case_id))
         ],
         "decisions": [
             {"id": d.id, "verdict": d.verdict, "reasons": d.reasons, "policy_sha256": d.policy_sha256,
