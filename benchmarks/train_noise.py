@@ -1,0 +1,127 @@
+"""Noise of the training workload's throughput, and compile/eager ratio, in one run.
+
+    python benchmarks/train_noise.py [--runs N] [--model tiny-llama] [--threads T]
+                                     [--steps S --warmup W --repeats R] [--compile-runs M]
+
+Runs the tiny preset's default case N times as subprocesses (exactly as the
+executor does), interleaved with M runs of the same case with compile=true, and
+prints: tokens/s of each run with its within-run CV (across repeats), the CV across
+runs, and the compile/eager throughput ratio (medians of runs made in this same
+window, so that machine load hits both alike). The load average before and after
+each run is printed: the machine is shared. Last line: a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from qualify.workloads import protocol  # noqa: E402
+
+
+def cv(xs: list[float]) -> float | None:
+    return statistics.stdev(xs) / statistics.fmean(xs) if len(xs) > 1 else None
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def run_once(params: dict, timeout: float) -> dict:
+    case = protocol.make_case("bench/train-noise", "train", params)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(case, fh)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    try:
+        out = subprocess.run([sys.executable, "-m", "qualify.workloads.train", "--case", fh.name],
+                             capture_output=True, text=True, timeout=timeout, env=env)
+    finally:
+        os.unlink(fh.name)
+    return protocol.parse_result_output(out.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5, help="eager runs of the default case")
+    ap.add_argument("--compile-runs", type=int, default=2, help="compile=true runs (0: none)")
+    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--threads", type=int, help="num_threads (default: the workload's default)")
+    ap.add_argument("--steps", type=int, help="override the default steps per repeat")
+    ap.add_argument("--warmup", type=int, help="override the default warm-up steps")
+    ap.add_argument("--repeats", type=int, help="override the default repeats")
+    ap.add_argument("--timeout", type=float, default=900)
+    args = ap.parse_args()
+
+    base: dict = {"model": args.model}
+    for key, value in (("num_threads", args.threads), ("steps", args.steps),
+                       ("warmup_steps", args.warmup), ("repeats", args.repeats)):
+        if value is not None:
+            base[key] = value
+    # Spread the compile runs evenly through the eager ones.
+    after = {round((i + 1) * args.runs / (args.compile_runs + 1)) for i in range(args.compile_runs)}
+    plan = []
+    for k in range(args.runs + 1):
+        if k:
+            plan.append("eager")
+        plan += ["compile"] * (k in after)
+    plan += ["compile"] * (args.compile_runs - plan.count("compile"))
+    print(f"case params: {json.dumps(base)}; plan: {' '.join(plan)}; cores {os.cpu_count()}, "
+          f"affinity {len(os.sched_getaffinity(0))}")
+    print(f"{'run':>3} {'variant':8} {'tokens/s':>10} {'cv in run':>9} {'step p10..p90 s':>17} "
+          f"{'compile s':>9} {'threads':>7} {'load before':>12} {'load after':>11}")
+    results: dict[str, list[dict]] = {"eager": [], "compile": []}
+    t0 = time.monotonic()
+    for i, variant in enumerate(plan):
+        load_before = os.getloadavg()[0]
+        doc = run_once({**base, "compile": variant == "compile"}, args.timeout)
+        load_after = os.getloadavg()[0]
+        m = doc.get("metrics") or {}
+        if doc.get("status") != "passed":
+            print(f"{i:>3} {variant:8} {doc.get('status')} {doc.get('error_class')}: {doc.get('error')}")
+            continue
+        row = {"tokens_per_s": m["tokens_per_s"], "cv": m.get("cv_tokens_per_s"),
+               "load_before": load_before, "load_after": load_after,
+               "threads": (doc.get("environment") or {}).get("threads")}
+        results[variant].append(row)
+        print(f"{i:>3} {variant:8} {m['tokens_per_s']:>10.1f} {pct(m.get('cv_tokens_per_s')):>9} "
+              f"{m['step_time_s_p10']:>8.4f}..{m['step_time_s_p90']:<8.4f} "
+              f"{m.get('compile_time_s') or 0:>9.2f} {row['threads']:>7} {load_before:>12.2f} "
+              f"{load_after:>11.2f}")
+    eager = [r["tokens_per_s"] for r in results["eager"]]
+    comp = [r["tokens_per_s"] for r in results["compile"]]
+    within = [r["cv"] for r in results["eager"] if r["cv"] is not None]
+    summary = {
+        "model": args.model, "params": base, "runs": len(eager),
+        "eager_tokens_per_s_median": statistics.median(eager) if eager else None,
+        "cv_across_runs": cv(eager),
+        "cv_within_run_median": statistics.median(within) if within else None,
+        "cv_within_run_max": max(within) if within else None,
+        "compile_tokens_per_s_median": statistics.median(comp) if comp else None,
+        "compile_over_eager": (statistics.median(comp) / statistics.median(eager)
+                               if comp and eager else None),
+        "load_avg_min": min((r["load_before"] for v in results.values() for r in v), default=None),
+        "load_avg_max": max((r["load_after"] for v in results.values() for r in v), default=None),
+        "wall_s": time.monotonic() - t0,
+    }
+    print(f"eager tokens/s median {summary['eager_tokens_per_s_median']}, "
+          f"CV across runs {pct(summary['cv_across_runs'])}, CV within runs median "
+          f"{pct(summary['cv_within_run_median'])} (max {pct(summary['cv_within_run_max'])}); "
+          f"compile/eager {summary['compile_over_eager']}; load {summary['load_avg_min']}.."
+          f"{summary['load_avg_max']}")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""Training-throughput workload: `python -m qualify.workloads.train --case CASE.json`.
+
+Trains a decoder LM (a preset architecture with random weights, or a HF config.json)
+through DeepSpeed for warm-up + repeats x steps optimizer steps and reports
+throughput, step-time spread, model TFLOP/s per device, MFU, memory and loss as one
+result document (qualify.workloads.protocol). Runs inside the candidate image:
+standard library, torch, deepspeed and transformers only.
+
+`python -m qualify.workloads.train --describe PRESET --seq-len T` prints the
+parameter counts and model FLOPs per token (meta device, nothing allocated).
+
+Choices:
+- The optimizer is a plain torch.optim.AdamW handed to deepspeed.initialize, so no
+  DeepSpeed op (CPUAdam/FusedAdam) has to be compiled; a deepspeed_config with its
+  own "optimizer" section is honoured instead. On CPU DeepSpeed still builds its shm
+  comm op once (cached under TORCH_EXTENSIONS_DIR).
+- compile=true wraps the model in torch.compile before deepspeed.initialize (what
+  the HF Trainer does); the first step's extra time is compile_time_s.
+- Activation checkpointing uses transformers' per-layer checkpointing (non-reentrant);
+  the environment reports how many layers really checkpoint, and the metric
+  activation_saved_bytes (bytes autograd keeps after one micro-batch forward) shows its
+  memory effect without depending on the allocator.
+- Measurement: threads set with torch.set_num_threads (default: every core this process
+  may use, shared by the ranks of a node), warm-up steps, then repeats x steps timed
+  optimizer steps with cyclic GC paused inside a repeat; medians and spread reported.
+  On a shared 2-core machine num_threads=1 is far steadier (benchmarks/train_noise.py).
+- peak_memory_bytes: CUDA max allocated on a GPU, the process's peak RSS on CPU
+  (environment.memory_measure says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from qualify.workloads import protocol
+from qualify.workloads.train_env import (default_cache_dirs, device_facts, limit_memory,
+                                         recorded_env, redact)
+from qualify.workloads.train_launch import (choose_launcher, free_port, is_launched,
+                                            launch_command, relaunch, single_process_env)
+from qualify.workloads.train_mfu import lookup_peak, mfu
+from qualify.workloads.train_params import (TrainParams, available_cores, check_against_model,
+                                            deepspeed_config, effective_dtype, parse_params)
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _NanLoss(Exception):
+    def __init__(self, step: int, value: float) -> None:
+        super().__init__(f"loss is {value} at step {step}")
+        self.step = step
+
+
+@dataclass
+class _Setup:
+    """What one training process knows once torch and the process group are up."""
+    p: TrainParams
+    config: Any
+    counts: dict[str, Any]
+    ds_cfg: dict[str, Any]
+    dtype: str
+    micro: int
+    accum: int
+    device: Any
+    world: int
+    rank: int
+    env: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- handler
+
+def handle(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
+    p = parse_params(case.get("params", {}))
+    timeout_s = case.get("timeout_s")
+    launcher = choose_launcher(p.launcher, p.devices, p.nodes)
+    if launcher != "none" and not is_launched():
+        _arm_timeout(None)  # SIGTERM only: the launcher's own timeout is communicate()'s
+        return _relaunched(case, p, launcher, timeout_s, log)
+    _arm_timeout(timeout_s)
+    try:
+        return _train(case, p, launcher, log)
+    except _Timeout as exc:  # outside the step loop (imports, model build, engine init)
+        return {"status": "error", "error_class": "timeout", "error": str(exc)}
+    finally:
+        signal.alarm(0)
+
+
+def _arm_timeout(timeout_s: Any) -> None:
+    def on_signal(signum, _frame):
+        raise _Timeout(f"stopped by {signal.Signals(signum).name}")
+
+    # SIGTERM (an executor stopping us) and the case's own timeout both end as a
+    # timeout document rather than a silent death.
+    signal.signal(signal.SIGTERM, on_signal)
+    if isinstance(timeout_s, (int, float)) and timeout_s > 0:
+        signal.signal(signal.SIGALRM, on_signal)
+        signal.alarm(max(1, int(math.ceil(timeout_s))))
+
+
+def _relaunched(case, p: TrainParams, launcher: str, timeout_s, log) -> dict[str, Any]:
+    """Start one worker per device through torchrun/deepspeed; rank 0's document is ours."""
+    port = p.master_port or (free_port() if p.nodes == 1 else 29500)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(case, fh)
+        case_path = fh.name
+    cmd = launch_command(launcher, devices=p.devices, nodes=p.nodes, node_rank=p.node_rank,
+                         master_addr=p.master_addr, master_port=port, case_path=case_path,
+                         hostfile=os.environ.get("QUALIFY_HOSTFILE"))
+    try:
+        rc, stdout = relaunch(cmd, timeout_s, log)
+    except (subprocess.TimeoutExpired, _Timeout) as exc:
+        why = str(exc) if isinstance(exc, _Timeout) else f"did not finish in {timeout_s} s"
+        return {"status": "error", "error_class": "timeout", "error": f"{launcher}: {why}",
+                "environment": {"launch_command": " ".join(cmd)}}
+    finally:
+        os.unlink(case_path)
+    try:
+        doc = protocol.parse_result_output(stdout)
+    except ValueError:
+        return {"status": "error", "error_class": "crash",
+                "error": f"{launcher} exited {rc} without a result document from rank 0",
+                "environment": {"launch_command": " ".join(cmd)}}
+    env = dict(doc.get("environment") or {})
+    env.update({"launcher": launcher, "launch_command": " ".join(cmd), "launcher_exit_code": rc})
+    return {"status": doc.get("status", "error"), "error_class": doc.get("error_class"),
+            "error": doc.get("error"), "metrics": doc.get("metrics") or {},
+            "samples": doc.get("samples") or {}, "probes": doc.get("probes") or {},
+            "environment": env}
+
+
+# --------------------------------------------------------------------------- one process
+
+def _train(case, p: TrainParams, launcher: str, log: logging.Logger) -> dict[str, Any]:
+    s = _setup(case, p, launcher)
+    restore: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        import torch
+
+        restore = limit_memory(p.memory_limit_gb, s.counts["total"], s.dtype,
+                               int(s.ds_cfg["zero_optimization"].get("stage", 0)), s.world,
+                               s.device, s.env, torch)
+        engine, fixed = _build(s, log)
+        return _measure(s, engine, fixed, log)
+    except Exception as exc:  # noqa: BLE001 - an OOM still reports where it happened
+        if not protocol.is_oom(exc):
+            raise
+        restore()  # room to write the document
+        log.error("oom: %s\n%s", exc, traceback.format_exc(limit=6))
+        s.env["load_avg_end"] = list(os.getloadavg())
+        return {"status": "error", "error_class": "oom",
+                "error": f"{type(exc).__name__}: {exc}"[:2000], "environment": s.env}
+    finally:
+        restore()
+
+
+def _setup(case, p: TrainParams, launcher: str) -> _Setup:
+    os.environ.update(single_process_env())
+    import deepspeed
+    import torch
+    import transformers
+    from deepspeed.accelerator import get_accelerator
+
+    from qualify.workloads import train_models as tm
+
+    config = tm.build_config(tm.config_dict(p.model, p.model_config_path))
+    check_against_model(p, config.num_hidden_layers,
+                        getattr(config, "max_position_embeddings", None))
+    counts = tm.count_params(tm.build_model(config, device="meta"))
+    ds_cfg = deepspeed_config(p)
+
+    acc = get_accelerator()
+    device = torch.device(acc.device_name(int(os.environ.get("LOCAL_RANK", "0"))))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # Threads: the case's num_threads, else every core this process may use, shared
+    # between the ranks of this node.
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    torch.set_num_threads(p.num_threads or max(1, available_cores() // max(1, local_world)))
+    torch.manual_seed(p.seed)
+    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None)
+
+    env: dict[str, Any] = protocol.environment_base()
+    env.update({
+        "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "transformers": transformers.__version__, "device_type": device.type,
+        "accelerator": acc.device_name(), "world_size": torch.distributed.get_world_size(),
+        "rank": torch.distributed.get_rank(), "launcher": launcher,
+        "threads": torch.get_num_threads(),
+        "env_passed": redact(case.get("env") or {}), "env_recorded": recorded_env(),
+        "model": p.model, "model_type": config.model_type, "dtype": effective_dtype(ds_cfg),
+        "zero_stage": int(ds_cfg["zero_optimization"].get("stage", 0)),
+        "deepspeed_config": ds_cfg, "load_avg_start": list(os.getloadavg()),
+    })
+    env.update(device_facts(torch, device))
+    return _Setup(p=p, config=config, counts=counts, ds_cfg=ds_cfg, dtype=env["dtype"],
+                  micro=int(ds_cfg["train_micro_batch_size_per_gpu"]),
+                  accum=int(ds_cfg["gradient_accumulation_steps"]), device=device,
+                  world=env["world_size"], rank=env["rank"], env=env)
+
+
+def _build(s: _Setup, log: logging.Logger):
+    """Model (random weights, on the device), checkpointing, compile, DeepSpeed engine."""
+    import deepspeed
+    import torch
+
+    from qualify.workloads import train_models as tm
+    from qualify.workloads.train_measure import saved_activation_bytes
+
+    p, env = s.p, s.env
+    t0 = time.monotonic()
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(s.dtype, torch.float32)
+    model = tm.build_model(s.config, device=s.device, dtype=torch_dtype,
+                           attn_implementation=p.attn_implementation).train()
+    env["checkpointed_layers"] = tm.apply_checkpointing(model, p.activation_checkpointing)
+    env["num_layers"] = len(tm.decoder_layers(model))
+    gen = torch.Generator(device="cpu").manual_seed(p.seed + s.rank)
+    fixed = torch.randint(0, s.config.vocab_size, (s.micro, p.seq_len), generator=gen)
+    fixed = fixed.to(s.device)
+    # Measured on the eager model before DeepSpeed: the structural memory effect of
+    # checkpointing, the same whether or not the model is compiled afterwards.
+    env_bytes = saved_activation_bytes(model, fixed)
+
+    module = torch.compile(model) if p.compile else model
+    optimizer = None
+    if "optimizer" not in s.ds_cfg:
+        # A plain torch optimizer: no DeepSpeed optimizer op to compile.
+        optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr,
+                                      fused=s.device.type == "cuda")
+    engine, ds_optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer,
+                                                      config=s.ds_cfg)
+    env.update({
+        "model_class": type(engine.module).__name__,
+        "compiled": isinstance(engine.module, torch._dynamo.eval_frame.OptimizedModule),
+        "optimizer": type(ds_optimizer).__name__,
+        "client_optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "activation_saved_bytes": env_bytes,
+    })
+    log.info("model %s ready in %.1f s: %s, %d of %d layers checkpointed, optimizer %s",
+             p.model, time.monotonic() - t0, env["model_class"], env["checkpointed_layers"],
+             env["num_layers"], env["optimizer"])
+    return engine, fixed
+
+
+class _Stepper:
+    """One optimizer step = grad_accum micro-batches through the engine, timed."""
+
+    def __init__(self, s: _Setup, engine, fixed) -> None:
+        import torch
+
+        self.s, self.engine, self.fixed, self.torch = s, engine, fixed, torch
+        self.gen = torch.Generator(device="cpu").manual_seed(s.p.seed + s.rank + 1)
+        self.nan_at = s.p.inject.get("nan_at_step")
+        self.losses: list[float] = []
+        from deepspeed.accelerator import get_accelerator
+
+        self.sync = get_accelerator().synchronize
+
+    def batch(self):
+        if self.s.p.data == "memorize":
+            return self.fixed
+        ids = self.torch.randint(0, self.s.config.vocab_size, (self.s.micro, self.s.p.seq_len),
+                                 generator=self.gen)
+        return ids.to(self.s.device)
+
+    def __call__(self) -> float:
+        index = len(self.losses)
+        start = time.perf_counter()
+        total = self.torch.zeros((), device=self.s.device)
+        for _ in range(self.s.accum):
+            ids = self.batch()
+            loss = self.engine(input_ids=ids, labels=ids, use_cache=False).loss
+            if index == self.nan_at:
+                loss = loss * float("nan")
+            self.engine.backward(loss)
+            self.engine.step()
+            total += loss.detach().float()
+        value = (total / self.s.accum).item()  # also the synchronisation point on CPU
+        self.sync()
+        elapsed = time.perf_counter() - start
+        self.losses.append(value)
+        if not math.isfinite(value):
+            raise _NanLoss(index, value)
+        return elapsed
+
+
+def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
+    """Warm up, then repeats x steps timed steps; the result fields."""
+    from qualify.workloads import train_models as tm
+    from qualify.workloads.train_measure import peak_memory, summarize
+
+    p, env, config = s.p, s.env, s.config
+    step = _Stepper(s, engine, fixed)
+    fpt = tm.flops_per_token(s.counts["flops_params"], config.num_hidden_layers,
+                             config.num_attention_heads, tm.head_dim(config), p.seq_len)
+    tokens_per_step = s.micro * s.accum * p.seq_len * s.world
+    metrics: dict[str, Any] = {
+        "model_flops_per_token": fpt, "params_total": s.counts["total"],
+        "params_non_embedding": s.counts["non_embedding"], "tokens_per_step": tokens_per_step,
+        "activation_saved_bytes": env.pop("activation_saved_bytes"),
+    }
+    times: list[list[float]] = []
+    first_step = None
+    gc_was_enabled = gc.isenabled()
+    try:
+        for _ in range(p.warmup_steps):
+            elapsed = step()
+            if first_step is None:
+                first_step = elapsed
+        n_warm = len(step.losses)
+        for _ in range(p.repeats):
+            # As timeit does: collect between repeats, no cyclic GC pause inside one.
+            gc.collect()
+            gc.disable()
+            times.append([])
+            for _ in range(p.steps):
+                times[-1].append(step())
+            first_step = times[0][0] if first_step is None else first_step
+            if gc_was_enabled:
+                gc.enable()
+    except (_NanLoss, _Timeout) as exc:
+        if gc_was_enabled:
+            gc.enable()
+        env["load_avg_end"] = list(os.getloadavg())
+        nan = isinstance(exc, _NanLoss)
+        finite = [x for x in step.losses if math.isfinite(x)]  # JSON has no NaN
+        metrics["loss_first"] = step.losses[0] if step.losses else None
+        metrics["loss_last"] = step.losses[-1] if step.losses else None
+        return {"status": "failed" if nan else "error",
+                "error_class": "nan_loss" if nan else "timeout", "error": str(exc),
+                "metrics": metrics,
+                "samples": {"loss": finite, "step_time_s": [t for r in times for t in r]},
+                "environment": env}
+    losses = step.losses
+    summary = summarize(times, tokens_per_step, s.world)
+    samples = {"step_time_s": summary.pop("_samples_step_time_s"),
+               "tokens_per_s": summary.pop("_samples_tokens_per_s"),
+               "loss": losses[n_warm:]}
+    metrics.update(summary)
+    per_device = summary["tokens_per_s_per_device"]
+    achieved = fpt * per_device if per_device else None  # model FLOP/s per device
+    peak, env["peak_flops_source"] = p.peak_flops_per_device, "case"
+    if peak is None:
+        # Only a GPU has a table entry; a CPU's peak is unknown unless the case gives it.
+        peak = lookup_peak(env.get("device_name")) if s.device.type == "cuda" else None
+        env["peak_flops_source"] = "table" if peak else "unknown device"
+    env["peak_flops_per_device"] = peak
+    mem, env["memory_measure"] = peak_memory(s.device)
+    env["load_avg_end"] = list(os.getloadavg())
+    metrics.update({
+        "tflops_per_device": achieved / 1e12 if achieved else None,
+        # Model FLOPs only: the recompute of checkpointed layers is never counted.
+        "mfu": mfu(achieved, peak),
+        "peak_memory_bytes": mem,
+        "first_step_time_s": first_step,
+        # The first step's extra time over a typical step (compile, allocator warm-up).
+        "compile_time_s": max(0.0, first_step - summary["step_time_s_median"]),
+        "loss_first": losses[0], "loss_last": losses[-1],
+    })
+    fields: dict[str, Any] = {"status": "passed", "probes": {}}
+    if p.data == "memorize":
+        falls = losses[-1] < losses[0]
+        detail = f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+        fields["probes"]["loss_falls"] = {"status": "passed" if falls else "failed",
+                                          "detail": detail}
+        if not falls:
+            fields.update(status="failed", error_class="degenerate",
+                          error=f"memorisation loss did not fall ({detail})")
+    log.info("tokens/s %.1f (median step %.4f s, cv %s), loss %.3f -> %.3f",
+             summary["tokens_per_s"] or 0, summary["step_time_s_median"],
+             summary["cv_tokens_per_s"], losses[0], losses[-1])
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return {**fields, "metrics": metrics, "samples": samples, "environment": env}
+
+
+# --------------------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--describe", metavar="PRESET")
+    ap.add_argument("--config", metavar="CONFIG_JSON", help="with --describe: a HF config.json")
+    ap.add_argument("--seq-len", type=int, default=128)
+    args, rest = ap.parse_known_args(argv)
+    if args.describe or args.config:
+        from qualify.workloads.train_models import config_dict, describe
+
+        try:
+            fields = config_dict(args.describe, args.config)
+        except (KeyError, ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(describe(fields, args.seq_len), sort_keys=True))
+        return 0
+    os.environ.update(default_cache_dirs())
+    if int(os.environ.get("RANK", "0")) != 0:
+        # Only rank 0 reports on stdout; the other ranks' documents go to stderr.
+        sys.stdout = sys.stderr
+    return protocol.run_workload("train", handle, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Fast tests of the training workload's pure parts: FLOPs, params, DeepSpeed config,
+launch commands, MFU table, step statistics, and the image-side import boundary."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qualify.workloads import protocol
+from qualify.workloads.protocol import BadCase
+from qualify.workloads.train_launch import (choose_launcher, is_launched, launch_command,
+                                            single_process_env)
+from qualify.workloads.train_measure import cv, summarize
+from qualify.workloads.train_mfu import PEAK_BF16_FLOPS, lookup_peak, mfu
+from qualify.workloads.train_models import estimate_state_bytes, flops_per_token
+from qualify.workloads.train_params import deepspeed_config, effective_dtype, parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOADS = REPO / "src" / "qualify" / "workloads"
+
+
+def _describe(preset: str, seq_len: int) -> dict:
+    out = subprocess.run([sys.executable, "-m", "qualify.workloads.train", "--describe", preset,
+                          "--seq-len", str(seq_len)], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_describe_llama3_8b_matches_hand_count():
+    # Meta-Llama-3-8B config.json: hidden 4096, 32 layers, 32 heads, 8 kv heads,
+    # intermediate 14336, vocab 128256, untied embeddings.
+    hidden, layers, heads, kv_heads, inter, vocab, seq = 4096, 32, 32, 8, 14336, 128256, 8192
+    head_dim = hidden // heads
+    attn = hidden * hidden * 2 + hidden * (kv_heads * head_dim) * 2   # q, o + k, v
+    mlp = 3 * hidden * inter                                           # gate, up, down
+    norms = 2 * hidden
+    embedding = vocab * hidden
+    lm_head = vocab * hidden                                           # untied: non-embedding
+    non_embedding = layers * (attn + mlp + norms) + hidden + lm_head   # + final norm
+    total = embedding + non_embedding
+    # torchtitan: 6*N + 12*L*H*Q*T
+    flops = 6 * non_embedding + 12 * layers * heads * head_dim * seq
+
+    d = _describe("llama3-8b", seq)
+    assert total == 8_030_261_248                                      # the published 8.03B
+    assert d["params_total"] == total
+    assert d["params_embedding"] == embedding
+    assert d["params_non_embedding"] == non_embedding
+    assert (d["layers"], d["heads"], d["head_dim"]) == (layers, heads, head_dim)
+    assert d["model_flops_per_token"] == flops == 57_914_449_920
+
+
+def test_describe_other_presets_and_tiny_sizes():
+    from qualify.workloads.train_models import config_dict, describe
+
+    qwen3 = describe(config_dict("qwen3-8b"), 4096)
+    assert qwen3["params_total"] == 8_190_735_360 and qwen3["head_dim"] == 128   # published
+    qwen25 = describe(config_dict("qwen2.5-7b"), 4096)
+    assert qwen25["params_total"] == 7_615_616_512                              # published
+    tiny = describe(config_dict("tiny-qwen2"), 128)
+    assert 128 <= tiny["hidden_size"] <= 256 and 2 <= tiny["layers"] <= 4
+    assert 1024 <= tiny["vocab_size"] <= 2048
+
+
+def test_flops_formula():
+    assert flops_per_token(100, 2, 4, 8, 16) == 6 * 100 + 12 * 2 * 4 * 8 * 16
+
+
+@pytest.mark.parametrize("params, name", [
+    ({}, "model"),
+    ({"model": "gpt-17"}, "model"),
+    ({"model": "tiny-llama", "seq_len": 0}, "seq_len"),
+    ({"model": "tiny-llama", "seq_len": "128"}, "seq_len"),
+    ({"model": "tiny-llama", "micro_batch": 1.5}, "micro_batch"),
+    ({"model": "tiny-llama", "grad_accum": True}, "grad_accum"),
+    ({"model": "tiny-llama", "steps": 0}, "steps"),
+    ({"model": "tiny-llama", "warmup_steps": -1}, "warmup_steps"),
+    ({"model": "tiny-llama", "repeats": 0}, "repeats"),
+    ({"model": "tiny-llama", "zero_stage": 4}, "zero_stage"),
+    ({"model": "tiny-llama", "dtype": "fp8"}, "dtype"),
+    ({"model": "tiny-llama", "data": "wikitext"}, "data"),
+    ({"model": "tiny-llama", "compile": "yes"}, "compile"),
+    ({"model": "tiny-llama", "activation_checkpointing": "some"}, "activation_checkpointing"),
+    ({"model": "tiny-llama", "activation_checkpointing": -1}, "activation_checkpointing"),
+    ({"model": "tiny-llama", "num_threads": 0}, "num_threads"),
+    ({"model": "tiny-llama", "peak_flops_per_device": -1.0}, "peak_flops_per_device"),
+    ({"model": "tiny-llama", "memory_limit_gb": 0}, "memory_limit_gb"),
+    ({"model": "tiny-llama", "launcher": "mpirun"}, "launcher"),
+    ({"model": "tiny-llama", "devices": 0}, "devices"),
+    ({"model": "tiny-llama", "nodes": 2, "node_rank": 2}, "node_rank"),
+    ({"model": "tiny-llama", "inject": {"nan_at": 3}}, "inject"),
+    ({"model": "tiny-llama", "deepspeed_config": []}, "deepspeed_config"),
+    ({"model": "tiny-llama", "model_config_path": "/nonexistent/config.json"}, "model_config_path"),
+    ({"model": "tiny-llama", "stepz": 3}, "stepz"),
+])
+def test_bad_params_name_the_param(params, name):
+    with pytest.raises(BadCase, match=name):
+        parse_params(params)
+
+
+@pytest.mark.parametrize("value, ok", [(None, True), ("", True), ("auto", True),
+                                       (5e7, False), (0, False), ("5e7", False)])
+def test_release_note_prefetch_bucket_rule(value, ok):
+    zero = {"stage": 3}
+    if value is not None:
+        zero["stage3_prefetch_bucket_size"] = value
+    params = {"model": "tiny-llama", "deepspeed_config": {"zero_optimization": zero}}
+    if ok:
+        parse_params(params)
+    else:
+        with pytest.raises(BadCase, match="stage3_prefetch_bucket_size"):
+            parse_params(params)
+
+
+def test_deepspeed_config_merged_under_switches():
+    user = {"zero_optimization": {"stage": 2, "overlap_comm": True},
+            "gradient_accumulation_steps": 4, "train_batch_size": 999,
+            "bf16": {"enabled": False}}
+    # Switches left at their defaults do not override the user's config...
+    cfg = deepspeed_config(parse_params({"model": "tiny-llama", "deepspeed_config": user}))
+    assert cfg["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+    assert cfg["gradient_accumulation_steps"] == 4
+    assert cfg["train_micro_batch_size_per_gpu"] == 2
+    assert "train_batch_size" not in cfg          # inconsistent, DeepSpeed derives it
+    assert effective_dtype(cfg) == "fp32"
+    # ...switches the case set explicitly do.
+    cfg = deepspeed_config(parse_params({"model": "tiny-llama", "deepspeed_config": user,
+                                         "zero_stage": 1, "grad_accum": 2, "dtype": "bf16"}))
+    assert cfg["zero_optimization"]["stage"] == 1 and cfg["zero_optimization"]["overlap_comm"]
+    assert cfg["gradient_accumulation_steps"] == 2
+    assert effective_dtype(cfg) == "bf16"
+    assert cfg["zero_allow_untested_optimizer"] is True
+
+
+def test_launch_commands():
+    cmd = launch_command("torchrun", devices=8, nodes=2, node_rank=1, master_addr="10.0.0.1",
+                         master_port=29500, case_path="/tmp/c.json", python="py")
+    assert cmd == ["py", "-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2",
+                   "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500",
+                   "-m", "qualify.workloads.train", "--case", "/tmp/c.json"]
+    cmd = launch_command("deepspeed", devices=4, nodes=1, node_rank=0, master_addr="127.0.0.1",
+                         master_port=1234, case_path="c.json", python="py")
+    assert cmd[:3] == ["py", "-m", "deepspeed.launcher.runner"]
+    assert "--num_gpus=4" in cmd and "--master_port=1234" in cmd
+    assert cmd[-4:] == ["--module", "qualify.workloads.train", "--case", "c.json"]
+    multi = launch_command("deepspeed", devices=8, nodes=4, node_rank=0, master_addr="h0",
+                           master_port=1, case_path="c", python="py", hostfile="/etc/hosts.ds")
+    assert "--hostfile=/etc/hosts.ds" in multi and "--num_nodes=4" in multi
+    with pytest.raises(ValueError):
+        launch_command("none", devices=1, nodes=1, node_rank=0, master_addr="a", master_port=1,
+                       case_path="c")
+    assert choose_launcher("auto", 1, 1) == "none"
+    assert choose_launcher("auto", 2, 1) == "torchrun"
+    assert choose_launcher("deepspeed", 1, 1) == "deepspeed"
+    assert is_launched({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+    assert not is_launched({})
+    env = single_process_env({"MASTER_PORT": "1"})
+    assert env == {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    assert "MASTER_PORT" in single_process_env({})
+
+
+def test_mfu_table():
+    assert lookup_peak("NVIDIA H100 80GB HBM3") == 989e12
+    assert lookup_peak("NVIDIA H200") == 989e12
+    assert lookup_peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert lookup_peak("NVIDIA H100 PCIe") == 756e12
+    assert lookup_peak("NVIDIA H20") == 148e12
+    assert "ppu" in PEAK_BF16_FLOPS and lookup_peak("PPU-ZW810E") is None  # vendor figure needed
+    assert lookup_peak("Intel(R) Xeon(R) Processor") is None
+    assert lookup_peak(None) is None
+    assert mfu(4.945e14, 989e12) == pytest.approx(0.5)
+    assert mfu(1e12, None) is None
+
+
+def test_summarize_step_times():
+    s = summarize([[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]], tokens_per_step=100, world=2)
+    assert s["step_time_s_median"] == 2.0
+    assert s["tokens_per_s"] == 50.0 and s["tokens_per_s_per_device"] == 25.0
+    assert s["_samples_tokens_per_s"] == [50.0, 50.0] and s["cv_tokens_per_s"] == 0.0
+    assert s["step_time_s_p10"] == pytest.approx(1.5) and s["repeats"] == 2
+    assert cv([1.0]) is None
+
+
+def test_state_estimate():
+    assert estimate_state_bytes(10, "bf16", 0, 1) == 160
+    assert estimate_state_bytes(10, "bf16", 3, 4) == 40
+    assert estimate_state_bytes(10, "fp32", 1, 2) == 40 + 40 + 40   # optimizer halved
+
+
+def test_bad_case_document_from_subprocess(tmp_path):
+    case = protocol.make_case("train/bad", "train", {"model": "tiny-llama", "zero_stage": 7})
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case))
+    out = subprocess.run([sys.executable, "-m", "qualify.workloads.train", "--case", str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert protocol.validate_result(doc) == []
+    assert (doc["status"], doc["error_class"]) == ("error", "bad_case")
+    assert "zero_stage" in doc["error"]
+
+
+# The image-side boundary: what may be imported by the training workload's modules.
+ALLOWED_ROOTS = {"torch", "deepspeed", "transformers"}
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                names.add("." * node.level + (node.module or ""))
+            else:
+                names.add(node.module or "")
+    return names
+
+
+def test_train_modules_import_only_stdlib_torch_deepspeed_transformers():
+    files = sorted(WORKLOADS.glob("train*.py"))
+    assert {f.name for f in files} >= {"train.py", "train_models.py", "train_mfu.py"}
+    for f in files:
+        for name in _imports(f):
+            root = name.split(".")[0]
+            ok = (root in sys.stdlib_module_names or root in ALLOWED_ROOTS
+                  or name == "__future__"
+                  or name == "qualify.workloads" or name.startswith("qualify.workloads."))
+            assert ok, f"{f.name} imports {name}"
+
+
+def test_model_dependent_params():
+    from qualify.workloads.train_params import check_against_model
+
+    p = parse_params({"model": "tiny-llama", "activation_checkpointing": 9})
+    with pytest.raises(BadCase, match="activation_checkpointing"):
+        check_against_model(p, layers=4, max_positions=4096)
+    p = parse_params({"model": "tiny-llama", "seq_len": 8192})
+    with pytest.raises(BadCase, match="seq_len"):
+        check_against_model(p, layers=4, max_positions=4096)
+
+
+def test_checkpointing_first_n_layers_saves_fewer_activations():
+    """Structural, allocator-free: each checkpointed layer stops keeping activations."""
+    import torch
+
+    from qualify.workloads import train_models as tm
+    from qualify.workloads.train_measure import saved_activation_bytes
+
+    config = tm.build_config(tm.config_dict("tiny-qwen3"))
+    ids = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    saved = {}
+    for setting in ("none", 1, 3, "all"):
+        torch.manual_seed(0)
+        model = tm.build_model(config).train()
+        n = tm.apply_checkpointing(model, setting)
+        assert n == {"none": 0, 1: 1, 3: 3, "all": 4}[setting]
+        assert [layer.gradient_checkpointing for layer in tm.decoder_layers(model)][:n] == [True] * n
+        saved[setting] = saved_activation_bytes(model, ids)
+    assert saved["none"] > saved[1] > saved[3] > saved["all"] > 0
