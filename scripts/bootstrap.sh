@@ -23,7 +23,7 @@ fi
 
 if [ "$WITH_TEST" = 1 ]; then
   # System packages for the registry, promotion and container tests (Debian).
-  PKGS=(docker-registry skopeo umoci buildah podman runc debootstrap uidmap fuse-overlayfs)
+  PKGS=(docker-registry skopeo umoci buildah podman runc debootstrap)
   missing=()
   for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ "${#missing[@]}" -gt 0 ]; then
