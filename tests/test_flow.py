@@ -143,3 +143,31 @@ def test_bad_manifest_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     assert "release.repository" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "q.db").exists()
     assert not (tmp_path / "data").exists()
+
+
+def test_wait_queues_behind_the_running_run_of_the_same_digest(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "slow", "kind": "sleep", "params": {"duration_s": 15}}])
+    first = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", db],
+                             env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        def attached() -> bool:
+            try:
+                return any(r["candidate_digest"] for r in db_rows(db, "SELECT candidate_digest FROM runs"))
+            except Exception:  # noqa: BLE001
+                return False
+
+        _wait_for(attached, 240, "the first run to bind its candidate")
+        (tmp_path / "second").mkdir()
+        second = run_qualify(["run", str(manifest), "--db", db, "--wait", "--json"], tmp_path / "second")
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert first.wait(timeout=300) == 0
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    runs = db_rows(db, "SELECT id, status, started_at, finished_at FROM runs ORDER BY id")
+    assert [r["status"] for r in runs] == ["passed", "passed"]
+    # The second run's case ran only after the first run had finished: nothing interleaved.
+    recorded = {r["run_id"]: r["recorded_at"] for r in db_rows(db, "SELECT run_id, recorded_at FROM case_results")}
+    assert str(recorded[2]) > str(runs[0]["finished_at"])
