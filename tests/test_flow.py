@@ -59,6 +59,13 @@ def test_faults_are_classified_retried_and_recorded(tmp_path: Path) -> None:
     assert {"setup", "build", "verify", "cases", "gate", "report"} <= set(outcome["stage_seconds"])
 
 
+def _candidate_attached(db: str) -> bool:
+    try:
+        return any(r["candidate_digest"] for r in db_rows(db, "SELECT candidate_digest FROM runs"))
+    except Exception:  # noqa: BLE001 - the schema may not exist yet
+        return False
+
+
 def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -114,13 +121,7 @@ def test_second_run_of_the_same_digest_is_refused(tmp_path: Path) -> None:
                              env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)
     try:
-        def attached() -> bool:
-            try:
-                return any(r["candidate_digest"] for r in db_rows(db, "SELECT candidate_digest FROM runs"))
-            except Exception:  # noqa: BLE001
-                return False
-
-        _wait_for(attached, 240, "the first run to bind its candidate")
+        _wait_for(lambda: _candidate_attached(db), 240, "the first run to bind its candidate")
         (tmp_path / "second").mkdir()
         second = run_qualify(["run", str(manifest), "--db", db], tmp_path / "second")
         assert second.returncode == 2, second.stdout + second.stderr
@@ -152,13 +153,7 @@ def test_wait_queues_behind_the_running_run_of_the_same_digest(tmp_path: Path) -
                              env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     try:
-        def attached() -> bool:
-            try:
-                return any(r["candidate_digest"] for r in db_rows(db, "SELECT candidate_digest FROM runs"))
-            except Exception:  # noqa: BLE001
-                return False
-
-        _wait_for(attached, 240, "the first run to bind its candidate")
+        _wait_for(lambda: _candidate_attached(db), 240, "the first run to bind its candidate")
         (tmp_path / "second").mkdir()
         second = run_qualify(["run", str(manifest), "--db", db, "--wait", "--json"], tmp_path / "second")
         assert second.returncode == 0, second.stdout + second.stderr
