@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable
 
 from prefect import flow, get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
@@ -125,3 +126,10 @@ def qualify_release(manifest: str, db_url: str | None = None, ray_address: str |
         ctx.stop_heartbeat()
         if ray_handle is not None:
             ray_handle.shutdown()
+
+
+def run_sized(manifest: str, n_cases: int, **parameters: Any) -> State:
+    """Run the flow in this process with a driver thread pool sized to the matrix (every case's
+    Prefect task waits on its Ray task; a smaller pool would queue cases behind Prefect, not Ray)."""
+    sized = qualify_release.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(4, n_cases + 2)))
+    return sized(manifest=manifest, return_state=True, **parameters)

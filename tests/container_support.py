@@ -13,10 +13,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Iterator
+
+from fixtures_registry import RegistryProcess
 
 import pytest
 
@@ -57,49 +58,10 @@ def free_port(preferred: int | None = None) -> int:
         return sock.getsockname()[1]
 
 
-class Registry:
-    """/usr/bin/docker-registry on a free loopback port with filesystem storage."""
-
-    def __init__(self, storage: Path, workdir: Path, preferred_port: int | None = None) -> None:
-        self.port = free_port(preferred_port)
-        self.host = f"127.0.0.1:{self.port}"
-        storage.mkdir(parents=True, exist_ok=True)
-        workdir.mkdir(parents=True, exist_ok=True)
-        config = workdir / "registry.yml"
-        config.write_text(
-            "version: 0.1\n"
-            "log: {level: warn}\n"
-            f"storage:\n  filesystem: {{rootdirectory: {storage}}}\n  delete: {{enabled: true}}\n"
-            f"http: {{addr: {self.host}}}\n"
-        )
-        self.log = open(workdir / "registry.log", "w")
-        self.proc = subprocess.Popen(["/usr/bin/docker-registry", "serve", str(config)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        import urllib.request
-
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"docker-registry did not answer on {self.host}: "
-                                   f"{(workdir / 'registry.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+def Registry(storage: Path, workdir: Path, preferred_port: int | None = None) -> RegistryProcess:  # noqa: N802
+    """The shared loopback registry fixture's process, with storage where the caller keeps it."""
+    storage.mkdir(parents=True, exist_ok=True)
+    return RegistryProcess(root=workdir, port=free_port(preferred_port), storage=storage).start(timeout=30)
 
 
 def skopeo_digest(reference: str) -> str:

@@ -58,6 +58,8 @@ class RegistryProcess:
     proc: subprocess.Popen | None = None
     # (username, password): htpasswd (Basic) auth, as the Debian package's own config sets up
     auth: tuple[str, str] | None = None
+    # Blob storage (default root/data); a persistent folder lets a test reuse pushed layers.
+    storage: Path | None = None
 
     @property
     def host(self) -> str:
@@ -83,7 +85,8 @@ class RegistryProcess:
         config = self.root / "config.yml"
         text = ("version: 0.1\n"
                 "log: {level: error, accesslog: {disabled: true}}\n"
-                f"storage: {{filesystem: {{rootdirectory: {self.root / 'data'}}}, delete: {{enabled: true}}}}\n"
+                f"storage: {{filesystem: {{rootdirectory: {self.storage or self.root / 'data'}}}, "
+                "delete: {enabled: true}}\n"
                 f"http: {{addr: '{self.host}'}}\n")
         if self.auth:
             htpasswd = self.root / "htpasswd"

@@ -36,3 +36,10 @@ def test_workload_imports_only_stdlib_and_image_packages(path: Path) -> None:
 def test_package_root_imports_nothing() -> None:
     # The image gets qualify/__init__.py and qualify/workloads/ only.
     assert _imports(WORKLOADS.parent / "__init__.py") == set()
+
+
+def test_domain_library_knows_nothing_of_prefect() -> None:
+    # src/qualify is the domain library; Prefect belongs in tasks/ and flows/.
+    for path in sorted(WORKLOADS.parent.rglob("*.py")):
+        for name in _imports(path):
+            assert name.split(".")[0] != "prefect", f"{path.relative_to(WORKLOADS.parent)} imports {name}"

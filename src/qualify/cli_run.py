@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
     app.command("run")(run)
 
 
-def _quiet_prefect(verbose: bool) -> None:
+def _quiet_orchestrators(verbose: bool) -> None:
     # Ephemeral Prefect logs every task to the console; the CLI shows its own progress.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
@@ -57,9 +57,8 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
             typer.echo(str(problem), err=True)
         raise typer.Exit(exitcodes.BAD_INPUT) from None
 
-    _quiet_prefect(verbose)
+    _quiet_orchestrators(verbose)
     from flows import qualify_release as flow_module
-    from prefect.task_runners import ThreadPoolTaskRunner
 
     from qualify import pipeline
     from qualify.cases import expand
@@ -90,11 +89,9 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
 
     thread = threading.Thread(target=ticker, daemon=True)
     thread.start()
-    flow = flow_module.qualify_release.with_options(
-        task_runner=ThreadPoolTaskRunner(max_workers=max(4, n_cases + 2)))  # sized to the matrix
     try:
-        state = flow(manifest=str(manifest), db_url=db, ray_address=ray_address, resume_run=resume, wait=wait,
-                     promote=promote, return_state=True)
+        state = flow_module.run_sized(str(manifest), n_cases, db_url=db, ray_address=ray_address,
+                                      resume_run=resume, wait=wait, promote=promote)
     except Exception as exc:  # noqa: BLE001 - Prefect itself could not start (API server, settings)
         typer.echo(f"infrastructure error: Prefect could not run the flow: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(exitcodes.INFRA) from None
