@@ -2,7 +2,7 @@
 
     python benchmarks/gate_stats.py [--trials N] [--seed S]
 
-Rates use the vectorised copy of the rule (stats.simulate_flags_fast, checked trial by trial
+Rates use the vectorised copy of the rule (gate_simulation.simulate_flags_fast, checked trial by trial
 against compare_samples in tests/test_gate_stats.py) so that each cell can have many trials.
 
 For each noise level (relative standard deviation of one sample) and sample count per side,
@@ -17,7 +17,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from qualify.gate import stats
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks import gate_simulation  # noqa: E402
+from qualify.gate import stats  # noqa: E402
 
 CONFIGS = [  # (noise, n)
     (0.03, 5), (0.03, 3), (0.03, 10),
@@ -27,7 +33,7 @@ CONFIGS = [  # (noise, n)
 
 
 def rate(**kwargs) -> float:
-    return float(stats.simulate_flags_fast(**kwargs).mean())
+    return float(gate_simulation.simulate_flags_fast(**kwargs).mean())
 
 
 def main() -> None:

@@ -8,20 +8,21 @@ from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
 from qualify.cases import Case
+from qualify.outcomes import CaseOutcome
 
 
 # No Prefect retries or timeout here: the Ray task enforces the case timeout, and the
 # pipeline retries infrastructure failures only (a failed test is never retried into a pass).
 @task(name="run-case", cache_policy=NO_CACHE)
-def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: str | None = None) -> dict:
+def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: str | None = None) -> CaseOutcome:
     logger = get_run_logger()
     logger.info("%s: submitted to Ray (%s)", case.case_id, case.resources.model_dump(exclude_defaults=True))
     outcome = pipeline.run_case(ctx, case, log=logger.warning)
-    level = logger.info if outcome["status"] == "passed" else logger.error
-    level("%s: %s%s after %s attempt(s), exec %.1f s, queue %s s on %s", case.case_id, outcome["status"],
-          f" ({outcome['error_class']}: {outcome['error']})" if outcome["error_class"] else "",
-          outcome["attempts"], outcome["exec_s"] or 0.0,
-          f"{outcome['queue_wait_s']:.1f}" if outcome["queue_wait_s"] is not None else "n/a", outcome["node"])
+    level = logger.info if outcome.passed else logger.error
+    level("%s: %s%s after %s attempt(s), exec %.1f s, queue %s s on %s", case.case_id, outcome.status,
+          f" ({outcome.error_class}: {outcome.error})" if outcome.error_class else "",
+          outcome.attempts, outcome.exec_s or 0.0,
+          f"{outcome.queue_wait_s:.1f}" if outcome.queue_wait_s is not None else "n/a", outcome.node)
     if progress_artifact_id:
         p = ctx.progress
         try:

@@ -6,24 +6,15 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
+from qualify.promote import TargetOutcome
 
 
 @task(name="promote", cache_policy=NO_CACHE)
-def promote_task(ctx: pipeline.RunContext) -> list[dict]:
+def promote_task(ctx: pipeline.RunContext) -> list[TargetOutcome]:
     """One outcome per target; a refusal (e.g. the candidate tag moved) is reported, never hidden."""
-    from qualify.promote import PromotionError, PromotionRefused, promote_run
-
     logger = get_run_logger()
-    try:
-        outcomes = promote_run(ctx.sessions, ctx.run_id, insecure=list(ctx.release.promotion.insecure_registries),
-                               actor="qualify-flow")
-    except PromotionRefused as exc:
-        logger.error("promotion refused: %s", exc)
-        outcomes = exc.outcomes
-    except PromotionError as exc:
-        logger.error("promotion not possible: %s", exc)
-        return [{"target": "*", "outcome": "refused", "detail": str(exc)}]
+    outcomes = pipeline.promote(ctx, log=logger.error)
     for o in outcomes:
         (logger.info if o.ok else logger.error)("promotion %s -> %s: %s %s", o.target, o.target_ref, o.outcome,
                                                  o.detail)
-    return [o.to_dict() for o in outcomes]
+    return outcomes

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# benchmarks/ holds measurement code some tests reuse (e.g. the gate's simulation).
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 PG_ADMIN_URL = os.environ.get("QUALIFY_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 pytest_plugins = ["fixtures_registry"]

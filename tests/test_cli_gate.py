@@ -17,14 +17,10 @@ from test_gate_support import good_doc, manifest_text, seed_run
 def invoke(*args: str):
     """In-process run of the same commands (typer's CliRunner), for the cheap cases; the exit
     codes that CI relies on go through the real entry point (run_cli, a subprocess)."""
-    import typer
     from typer.testing import CliRunner
 
-    from qualify import cli_gate
+    from qualify.cli import app
 
-    app = typer.Typer()
-    app.command("noop", hidden=True)(lambda: None)
-    cli_gate.register(app)
     return CliRunner().invoke(app, list(args))
 
 
@@ -83,7 +79,7 @@ def test_gate_check_exit_codes(db_url, sessions, registry, registry_factory, mak
     run_id = _seed(sessions, text, digest, broken=True)
     import datetime as dt
 
-    assert evaluate_and_commit(sessions, run_id, today=dt.date(2025, 6, 1)).verdict.verdict == "PASS"
+    assert evaluate_and_commit(sessions, run_id, today=dt.date(2025, 6, 1)).judgement.verdict == "PASS"
     tag_ref = registry.ref(f"{ns}/demo", "1.1-rc1")
 
     passed = run_cli("gate", "check", tag_ref, "--insecure-registry", registry.host, "--db", db_url)
@@ -99,7 +95,7 @@ def test_gate_check_exit_codes(db_url, sessions, registry, registry_factory, mak
     assert unknown.exit_code == 1 and "NO DECISION" in unknown.stdout
 
     # the waiver expires; a later FAIL of the same digest overrides the earlier PASS
-    assert evaluate_and_commit(sessions, run_id, today=dt.date(2025, 7, 1)).verdict.verdict == "FAIL"
+    assert evaluate_and_commit(sessions, run_id, today=dt.date(2025, 7, 1)).judgement.verdict == "FAIL"
     failed = run_cli("gate", "check", f"{repository}@{digest}", "--db", db_url)
     assert failed.returncode == 1 and failed.stdout.startswith("FAIL:")
     assert "overridden" in failed.stdout and "probe:prefix_cache" in failed.stdout
@@ -110,7 +106,7 @@ def test_gate_check_exit_codes(db_url, sessions, registry, registry_factory, mak
     down = registry_factory()
     down.stop()
     unreachable = run_cli("gate", "check", down.ref("x/y", "1"), "--insecure-registry", down.host, "--db", db_url)
-    assert unreachable.returncode == 2 and "unreachable" in unreachable.stderr
+    assert unreachable.returncode == 3 and "unreachable" in unreachable.stderr  # infrastructure, not input
     assert len(unreachable.stderr.strip().splitlines()) == 1
     for proc in (passed, failed, unreachable):
         _no_traceback(proc)
@@ -131,7 +127,7 @@ def test_promote_cli(db_url, sessions, registry, make_image):
     refused = invoke("promote", str(run_id), "--db", db_url)  # not evaluated yet
     assert refused.exit_code == 1 and "refused:" in refused.output and "no gate decision" in refused.output
 
-    assert evaluate_and_commit(sessions, run_id).verdict.verdict == "PASS"
+    assert evaluate_and_commit(sessions, run_id).judgement.verdict == "PASS"
     plan = invoke("promote", str(run_id), "--db", db_url, "--dry-run")
     assert plan.exit_code == 0, plan.output
     assert f"@{digest}" in plan.stdout and "copy" in plan.stdout and target in plan.stdout

@@ -16,7 +16,7 @@ from container_support import base_image, ensure_no_python_image, require_tools 
 from qualify.executors.container import ContainerExecutor, leftover_containers
 from qualify.manifest import Component
 from qualify.manifest_load import load_manifest
-from qualify.verify import check_components, probe_case
+from qualify.verify import compare_components, probe_case
 from qualify.workloads import protocol
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,11 +158,11 @@ def test_probe_reports_debian12_python311(executor: ContainerExecutor) -> None:
     facts = outcome.doc["environment"]["facts"]
     assert facts["os"]["id"] == "debian" and facts["os"]["version_id"] == "12"
     assert facts["python"].startswith("3.11.")
-    checks = {c["name"]: c for c in check_components(components, facts)}
+    checks = {c["name"]: c for c in compare_components(components, facts)}
     assert all(c["ok"] for c in checks.values()), checks
     # The image has no torch: the probe says so instead of failing.
     assert "torch_import_error" in facts
-    wrong = check_components([Component(name="debian", source="os", expected="ubuntu 24.04", match="prefix")], facts)
+    wrong = compare_components([Component(name="debian", source="os", expected="ubuntu 24.04", match="prefix")], facts)
     assert not wrong[0]["ok"] and wrong[0]["actual"] == "debian 12"
 
 

@@ -28,7 +28,7 @@ def test_first_release_passes_without_baseline_and_records_the_decision(sessions
         s.commit()
         run_id = run.id
     ev = evaluate_and_commit(sessions, run_id, today=dt.date(2025, 6, 1))
-    assert ev.verdict.verdict == "PASS" and ev.baseline_run_id is None
+    assert ev.judgement.verdict == "PASS" and ev.baseline_run_id is None
     with sessions() as s:
         decision = repo.latest_decision(s, run_id)
         assert decision.verdict == "PASS" and decision.digest == fake_digest("a")
@@ -53,7 +53,7 @@ def test_re_evaluation_appends_and_expired_waiver_flips_the_verdict(sessions):
         s.commit()
     first = evaluate_and_commit(sessions, run_id, today=dt.date(2025, 6, 1))
     second = evaluate_and_commit(sessions, run_id, today=dt.date(2025, 7, 1))
-    assert first.verdict.verdict == "PASS" and second.verdict.verdict == "FAIL"
+    assert first.judgement.verdict == "PASS" and second.judgement.verdict == "FAIL"
     with sessions() as s:
         rows = repo.decisions(s, run_id)
         assert [d.verdict for d in rows] == ["PASS", "FAIL"]
@@ -70,7 +70,7 @@ def test_regression_against_the_previous_release(sessions):
         base_run = seed_run(s, manifest_text(**PREVIOUS), digest=fake_digest("old"))
         s.commit()
         base_id = base_run.id
-    assert evaluate_and_commit(sessions, base_id).verdict.verdict == "PASS"
+    assert evaluate_and_commit(sessions, base_id).judgement.verdict == "PASS"
 
     text = manifest_text()
     cases = {c.case_id: c for c in expand(load_manifest_text(text, check_expiry=False).release)}
@@ -79,7 +79,7 @@ def test_regression_against_the_previous_release(sessions):
         run_id = seed_run(s, text, digest=fake_digest("new"), docs=docs).id
         s.commit()
     ev = evaluate_and_commit(sessions, run_id)
-    assert ev.verdict.verdict == "FAIL" and ev.baseline_run_id == base_id
+    assert ev.judgement.verdict == "FAIL" and ev.baseline_run_id == base_id
     with sessions() as s:
         decision = repo.latest_decision(s, run_id)
         assert decision.baseline_run_id == base_id
@@ -99,8 +99,8 @@ def test_missing_and_infra_results_are_incomplete(sessions):
         run_id = seed_run(s, text, digest=fake_digest("c"), docs=docs, finish=None).id
         s.commit()
     ev = evaluate_and_commit(sessions, run_id)
-    assert ev.verdict.verdict == "INCOMPLETE"
-    incomplete = {r.case_id for r in ev.verdict.by_status("INCOMPLETE")}
+    assert ev.judgement.verdict == "INCOMPLETE"
+    incomplete = {r.case_id for r in ev.judgement.by_status("INCOMPLETE")}
     assert {"infer/tq/none", "train/tiny/compile"} <= incomplete
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from scipy.stats import mannwhitneyu
 
+from benchmarks import gate_simulation
 from qualify.gate import stats
 from qualify.manifest import RegressionPolicy
 
@@ -13,17 +14,17 @@ TRIALS = 1000
 
 def test_a_true_10pct_regression_is_caught_at_least_95pct():
     # 5 samples a side, 3% noise (a quiet run on this machine), true regression 10%
-    rate = stats.simulate(effect=0.10, noise=0.03, n=5, trials=TRIALS, seed=20250601)
+    rate = gate_simulation.simulate(effect=0.10, noise=0.03, n=5, trials=TRIALS, seed=20250601)
     assert rate >= 0.95, rate
 
 
 def test_a_also_for_lower_is_better_metrics():
-    rate = stats.simulate(effect=0.10, noise=0.03, n=5, trials=TRIALS // 2, seed=7, direction="lower")
+    rate = gate_simulation.simulate(effect=0.10, noise=0.03, n=5, trials=TRIALS // 2, seed=7, direction="lower")
     assert rate >= 0.95, rate
 
 
 def test_b_same_distribution_is_flagged_at_most_5pct():
-    rate = stats.simulate(effect=0.0, noise=0.03, n=5, trials=TRIALS, seed=20250602)
+    rate = gate_simulation.simulate(effect=0.0, noise=0.03, n=5, trials=TRIALS, seed=20250602)
     assert rate <= 0.05, rate
 
 
@@ -31,14 +32,14 @@ def test_b_is_bounded_by_the_exact_test_at_this_machines_worst_noise():
     # 20% noise: the ratio condition no longer filters much, but the exact one-sided test keeps
     # false alarms at P(U <= 4) = 12/252 = 4.8% whatever the spread. The bound allows for the
     # sampling error of 2000 trials (3 standard errors, about 1.4%).
-    rate = stats.simulate(effect=0.0, noise=0.20, n=5, trials=2 * TRIALS, seed=11)
+    rate = gate_simulation.simulate(effect=0.0, noise=0.20, n=5, trials=2 * TRIALS, seed=11)
     assert rate <= 12 / 252 + 3 * (12 / 252 * (1 - 12 / 252) / (2 * TRIALS)) ** 0.5, rate
 
 
 def test_tolerance_equal_to_the_effect_would_miss_half():
     # Why the tolerance must sit between noise and effect: at max_regression = 0.10 a true 10%
     # regression is seen on only about half the trials (observed medians scatter around 10%).
-    rate = stats.simulate(effect=0.10, noise=0.03, n=5, trials=300, seed=3, max_regression=0.10)
+    rate = gate_simulation.simulate(effect=0.10, noise=0.03, n=5, trials=300, seed=3, max_regression=0.10)
     assert 0.3 < rate < 0.7, rate
 
 
@@ -90,4 +91,4 @@ def test_non_finite_samples_are_ignored():
 @pytest.mark.parametrize("effect,noise,n", [(0.10, 0.03, 5), (0.0, 0.20, 5), (0.10, 0.10, 3), (0.05, 0.05, 8)])
 def test_vectorised_benchmark_rule_matches_compare_samples(effect, noise, n):
     kwargs = dict(effect=effect, noise=noise, n=n, trials=200, seed=42)
-    assert (stats.simulate_flags(**kwargs) == stats.simulate_flags_fast(**kwargs)).all()
+    assert (gate_simulation.simulate_flags(**kwargs) == gate_simulation.simulate_flags_fast(**kwargs)).all()

@@ -11,14 +11,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from qualify.cli import _register_optional_commands, app
+from qualify.cli import app
 from qualify.manifest_load import ManifestError, load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "releases" / "cpu-smoke.yaml"
 XPU = REPO / "releases" / "training-xpu-pytorch-25.05.yaml"
 
-_register_optional_commands()
 runner = CliRunner()
 
 

@@ -70,8 +70,10 @@ def test_deployment_runs_and_publishes_artifacts(tmp_path: Path, prefect_server)
     assert created.returncode == 0, created.stdout + created.stderr
     deployed = _prefect(["--no-prompt", "deploy", "--name", "qualify-release"], env)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    started = _prefect(["deployment", "run", "qualify-release/qualify-release", "--param", f"manifest={manifest}",
-                        "--param", f"db_url={db}"], env)
+    # The database travels by the worker's environment, never as a (UI-visible) flow parameter.
+    env = {**env, "QUALIFY_DATABASE_URL": db}
+    started = _prefect(["deployment", "run", "qualify-release/qualify-release", "--param", f"manifest={manifest}"],
+                       env)
     assert started.returncode == 0, started.stdout + started.stderr
 
     worker_log = open(tmp_path / "worker.log", "w")

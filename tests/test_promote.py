@@ -37,7 +37,7 @@ class Setup:
             s.commit()
             self.run_id = run.id
         if evaluate:
-            self.verdict = evaluate_and_commit(sessions, self.run_id).verdict.verdict
+            self.verdict = evaluate_and_commit(sessions, self.run_id).judgement.verdict
 
     def target_refs(self) -> dict[str, str]:
         return {"public": self.registry.ref(f"{self.ns}/public/demo", "1.1"),

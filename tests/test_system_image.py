@@ -31,7 +31,7 @@ from qualify.build import BuildResult, build_candidate
 from qualify.cases import expand
 from qualify.executors.container import ContainerExecutor, leftover_containers
 from qualify.manifest_load import load_manifest
-from qualify.verify import check_components, probe_case
+from qualify.verify import compare_components, probe_case
 
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -110,7 +110,7 @@ def test_components_inside_the_image(system: System) -> None:
     TIMINGS["probe"] = time.monotonic() - t
     assert outcome.doc["status"] == "passed", outcome.doc
     facts = outcome.doc["environment"]["facts"]
-    checks = {c["name"]: c for c in check_components(list(system.release.components), facts)}
+    checks = {c["name"]: c for c in compare_components(list(system.release.components), facts)}
     assert set(checks) == {"debian", "python", "torch", "deepspeed", "transformers", "torchao"}
     assert all(c["ok"] for c in checks.values()), json.dumps(checks, indent=1)
     assert checks["debian"]["actual"] == "debian 12" and checks["python"]["actual"].startswith("3.11.")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from qualify.errors import BadInput
+
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
@@ -23,7 +25,7 @@ _REFERENCE = re.compile(
 DEFAULT_REGISTRY = "docker.io"
 
 
-class InvalidReference(ValueError):
+class InvalidReference(BadInput, ValueError):
     pass
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from qualify import metrics as metric_info
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.versions import MatchRule
 
@@ -318,12 +319,12 @@ class RegressionPolicy(Strict):
     # metric compared per case kind; its direction comes from qualify.metrics.
     metrics: dict[str, str] = Field(default_factory=lambda: {
         "train": "tokens_per_s", "infer": "output_tokens_per_s", "sleep": "wall_s"})
-    # 5%: between this machine's 3% noise and a 10% regression (benchmarks/gate_stats.py).
-    max_regression: float = Field(default=0.05, ge=0, lt=1)
-    alpha: float = Field(default=0.05, gt=0, lt=0.5)
-    min_samples: int = Field(default=5, ge=2)
+    # Defaults and why: qualify.metrics (proved by benchmarks/gate_stats.py).
+    max_regression: float = Field(default=metric_info.RECOMMENDED_MAX_REGRESSION, ge=0, lt=1)
+    alpha: float = Field(default=metric_info.RECOMMENDED_ALPHA, gt=0, lt=0.5)
+    min_samples: int = Field(default=metric_info.RECOMMENDED_MIN_SAMPLES, ge=2)
     # With too few samples, only a ratio beyond this floor (the machine's noise) fails.
-    noise_floor: float = Field(default=0.20, ge=0, lt=1)
+    noise_floor: float = Field(default=metric_info.RECOMMENDED_NOISE_FLOOR, ge=0, lt=1)
     enabled: bool = True
 
 

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from qualify import metrics
+from qualify.errors import BadInput
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.manifest import (
     DEEPSEEK_R1_MAX_MODEL_LEN,
@@ -42,10 +43,16 @@ class Problem:
         return f"{self.file}: {self.field or '(top level)'}: {self.message}"
 
 
-class ManifestError(Exception):
+class ManifestError(BadInput):
+    """The manifest is not valid; one Problem (file, field path, message) per line."""
+
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__("\n".join(str(p) for p in problems))
         self.problems = problems
+
+    @property
+    def lines(self) -> list[str]:
+        return [str(p) for p in self.problems]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The steps of one qualification run, as plain functions (no Prefect here).
 
-tasks/ wraps each step as a Prefect task and flows/ composes them; the CLI and the
-Prefect deployment both go through the flow. Every result is written the moment it
+tasks/ wraps each step as a Prefect task and flows/ composes them; the CLI (through driver/)
+and the Prefect deployment both go through the flow. Every result is written the moment it
 arrives, so a crash loses at most the cases in flight.
 """
 
@@ -16,33 +16,35 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from qualify import config
 from qualify.build import BuildError, BuildResult, build_candidate
 from qualify.cases import Case, expand
-from qualify.executors import LocalExecutor
-from qualify.manifest_load import LoadedManifest, ManifestError, load_manifest, load_manifest_text
+from qualify.errors import BadInput, Rejected
+from qualify.executors import Executor, LocalExecutor
+from qualify.gate.service import Evaluation, evaluate_and_commit
+from qualify.manifest import Release
+from qualify.manifest_load import LoadedManifest, load_manifest
+from qualify.outcomes import CaseOutcome, CaseStatus, ErrorClass, RunStatus, Verdict
+from qualify.settings import Settings
 from qualify.store import repo
 from qualify.store.models import Run
-from qualify.verify import check_components, probe_case
+from qualify.verify import compare_components, probe_case
 from qualify.workloads import protocol
+
+if TYPE_CHECKING:
+    from qualify.promote import TargetOutcome
+    from qualify.ray_backend import RayCaseResult
 
 HEARTBEAT_S = 10.0
 
 
-class UserInputError(Exception):
-    """Bad input: exit code 2."""
-
-
-class InfraError(Exception):
-    """Database, Ray, registry or executor trouble: exit code 3."""
-
-
-class CandidateFailed(Exception):
+class CandidateFailed(Rejected):
     """The candidate itself failed before any case ran (e.g. its build): exit code 1."""
+
+    label = "FAIL"
 
 
 @dataclass
@@ -91,13 +93,13 @@ class RunContext:
     data_dir: Path
     ray_address: str | None = None
     build: BuildResult | None = None
-    executor: Any = None
+    executor: Executor | None = None
     progress: Progress = field(default_factory=Progress)
     resumed: bool = False
     _stop_heartbeat: threading.Event = field(default_factory=threading.Event)
 
     @property
-    def release(self):  # type: ignore[no-untyped-def]
+    def release(self) -> Release:
         return self.loaded.release
 
     @contextlib.contextmanager
@@ -112,6 +114,25 @@ class RunContext:
     def stage(self, name: str, seconds: float | None = None) -> None:
         with self.run_row() as (session, run):
             repo.set_stage(session, run, name, seconds)
+
+    @contextlib.contextmanager
+    def timed_stage(self, name: str) -> Iterator[None]:
+        """Mark the run as in stage `name` and record how long the block took (also when it fails)."""
+        start = time.monotonic()
+        self.stage(name)
+        try:
+            yield
+        finally:
+            self.stage(name, time.monotonic() - start)
+
+    def stage_seconds(self) -> dict[str, float]:
+        with self.run_row() as (_session, run):
+            return dict(run.stage_seconds or {})
+
+    def bind_flow_run(self, flow_run_id: str | None) -> None:
+        """Remember the orchestrator's id for this run (the Prefect UI links to it)."""
+        with self.run_row() as (_session, run):
+            run.flow_run_id = flow_run_id
 
     def start_heartbeat(self) -> None:
         def beat() -> None:
@@ -156,23 +177,20 @@ def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resu
              ray_address: str | None = None, triggered_by: str | None = None) -> RunContext:
     """Validate the manifest and create the run (or take over the run to resume)."""
     manifest_path = Path(manifest_path)
-    try:
-        loaded = load_manifest(manifest_path)
-    except ManifestError as exc:
-        raise UserInputError("\n".join(str(p) for p in exc.problems)) from None
+    loaded = load_manifest(manifest_path)
     with sessions() as session:
         if resume_run_id is not None:
             run = session.get(Run, resume_run_id)
             if run is None:
-                raise UserInputError(f"--resume {resume_run_id}: no such run")
+                raise BadInput(f"--resume {resume_run_id}: no such run")
             if run.manifest_sha256 != loaded.sha256:
-                raise UserInputError(f"--resume {resume_run_id}: {manifest_path} differs from the manifest the run "
+                raise BadInput(f"--resume {resume_run_id}: {manifest_path} differs from the manifest the run "
                                      f"started with (sha256 {run.manifest_sha256[:12]}…); resume with the same file")
             if run.status == "running" and _driver_alive(run):
-                raise UserInputError(f"--resume {resume_run_id}: the run is still being driven by pid "
+                raise BadInput(f"--resume {resume_run_id}: the run is still being driven by pid "
                                      f"{run.driver_pid} on {run.driver_host}")
             # The stored copy is what the run qualifies, even if waivers have expired since.
-            loaded = load_manifest_text(run.manifest_text, str(manifest_path), path=manifest_path, check_expiry=False)
+            loaded = repo.run_manifest(run, path=manifest_path)
             run.status = "running"
             run.finished_at = None
             run.error = None
@@ -187,7 +205,7 @@ def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resu
         session.commit()
         run_id = run.id
     return RunContext(sessions=sessions, loaded=loaded, run_id=run_id, cases=expand(loaded.release),
-                      manifest_dir=manifest_path.resolve().parent, data_dir=config.data_dir(),
+                      manifest_dir=manifest_path.resolve().parent, data_dir=Settings.load().data_dir,
                       ray_address=ray_address or loaded.release.execution.ray_address, resumed=resume_run_id is not None)
 
 
@@ -210,9 +228,9 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
         message = f"build failed: {exc}" + (f"\n--- build log tail ---\n{tail}" if tail else "")
         if exc.log_path:
             message += f"\n(full log: {exc.log_path})"
-        fail_run(ctx, "failed", message)
-        if "not found" in str(exc).lower() and "containerfile" in str(exc).lower():
-            raise UserInputError(message) from None
+        fail_run(ctx, RunStatus.FAILED, message)
+        if exc.exit_code != CandidateFailed.exit_code:  # bad build input, or a missing builder
+            raise type(exc)(message, exc.log_tail, exc.log_path) from None
         raise CandidateFailed(message) from None
     deadline = time.monotonic() + wait_timeout_s
     while True:
@@ -220,7 +238,7 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
             run = session.get(Run, ctx.run_id)
             assert run is not None
             if ctx.resumed and run.candidate_digest and run.candidate_digest != build.digest:
-                raise UserInputError(
+                raise BadInput(
                     f"--resume {ctx.run_id}: the candidate is now {build.digest}, but the run qualified "
                     f"{run.candidate_digest}; start a new run")
             image = repo.get_or_create_image(session, build.repository, build.tag, build.digest,
@@ -233,22 +251,22 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
             except repo.RunConflict as exc:
                 session.rollback()
                 if not wait or time.monotonic() > deadline:
-                    fail_run(ctx, "aborted", str(exc))
-                    raise UserInputError(f"{exc} (use --wait to queue behind it)") from None
+                    fail_run(ctx, RunStatus.ABORTED, str(exc))
+                    raise BadInput(f"{exc} (use --wait to queue behind it)") from None
         time.sleep(5)
     ctx.build = build
     ctx.executor = make_executor(ctx, build)
     return build
 
 
-def make_executor(ctx: RunContext, build: BuildResult) -> Any:
+def make_executor(ctx: RunContext, build: BuildResult) -> Executor:
     execution = ctx.release.execution
     if execution.executor == "local":
         return LocalExecutor(python=build.python or LocalExecutor().python)
     from qualify.executors.container import ContainerExecutor
 
     if not build.image_ref:
-        raise UserInputError("execution.executor 'container' needs a container image: builder "
+        raise BadInput("execution.executor 'container' needs a container image: builder "
                              f"{build.builder!r} produced none")
     return ContainerExecutor.from_manifest(ctx.release, build.image_ref)
 
@@ -258,22 +276,21 @@ def make_executor(ctx: RunContext, build: BuildResult) -> Any:
 
 def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
     """Run the probe workload inside the candidate and store one check per component."""
-    from qualify.fanout import run_case_on_ray
     from qualify.manifest import Resources
+    from qualify.ray_backend import run_case_on_ray
 
     components = list(ctx.release.components)
     if not components:
         return []
-    out = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300)
-    doc = out["doc"]
-    if doc.get("status") != "passed":
-        facts: dict[str, Any] = {}
-        checks = check_components(components, facts)
+    assert ctx.executor is not None, "obtain_candidate() sets the executor"
+    doc = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300).doc
+    if doc.get("status") != CaseStatus.PASSED:
+        checks = compare_components(components, {})
         for check in checks:
             check["detail"] = f"probe failed ({doc.get('error_class')}): {doc.get('error')}"
             check["ok"] = check["ok"] and check["optional"]
     else:
-        checks = check_components(components, doc["environment"].get("facts", {}))
+        checks = compare_components(components, doc["environment"].get("facts", {}))
     with ctx.run_row() as (session, run):
         repo.record_component_checks(session, run, checks)
     return checks
@@ -289,48 +306,59 @@ def pending_cases(ctx: RunContext) -> list[Case]:
     return [c for c in ctx.cases if c.case_id not in done]
 
 
-def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """Run one case on Ray, retrying infrastructure failures only, and record the final result at once."""
-    from qualify.fanout import infeasible_reason, run_case_on_ray
+CaseRunner = Callable[[Executor, dict[str, Any], Any, float], "RayCaseResult"]
 
+
+def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m: None, *,
+             runner: CaseRunner | None = None,
+             infeasible: Callable[[Any], str | None] | None = None) -> CaseOutcome:
+    """Run one case on Ray, retrying infrastructure failures only, and record the final result at once.
+
+    `runner` and `infeasible` default to the Ray backend; tests pass fakes to exercise the retry loop.
+    """
+    from qualify import ray_backend
+
+    runner = runner or ray_backend.run_case_on_ray
+    infeasible = infeasible or ray_backend.infeasible_reason
+    assert ctx.executor is not None, "obtain_candidate() sets the executor"
     ctx.progress.start_case()
     attempts = 0
     retries = ctx.release.execution.infra_retries
-    reason = infeasible_reason(case.resources)
+    reason = infeasible(case.resources)
     if reason:
-        out = {"doc": protocol.make_result(case.document(), "error", error_class="infra", error=reason),
-               "exec_s": 0.0, "queue_wait_s": None, "node": None, "retryable": False}
+        out = ray_backend.RayCaseResult.failed(
+            protocol.make_result(case.document(), "error", error_class="infra", error=reason), retryable=False)
         attempts = 1
     else:
         while True:
             attempts += 1
-            out = run_case_on_ray(ctx.executor, case.document(), case.resources, case.timeout_s)
-            doc = out["doc"]
-            if not out["retryable"] or attempts > retries:
+            out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
+            if not out.retryable or attempts > retries:
                 break
-            log(f"{case.case_id}: attempt {attempts} ended with {doc.get('error_class')} "
-                f"({doc.get('error')}); retrying ({attempts}/{retries})")
-    doc = out["doc"]
+            log(f"{case.case_id}: attempt {attempts} ended with {out.doc.get('error_class')} "
+                f"({out.doc.get('error')}); retrying ({attempts}/{retries})")
+    doc = out.doc
     with ctx.sessions() as session:
         try:
             repo.record_case_result(session, ctx.run_id, case_id=case.case_id, kind=case.kind, model=case.model,
                                     variant=case.variant, doc=doc, attempts=attempts,
-                                    queue_wait_s=out.get("queue_wait_s"), exec_s=out.get("exec_s"),
-                                    node=out.get("node"))
+                                    queue_wait_s=out.queue_wait_s, exec_s=out.exec_s, node=out.node)
             session.commit()
         except repo.DuplicateResult:
             session.rollback()
             log(f"{case.case_id}: a result was already recorded; keeping the first")
-    ctx.progress.finish_case(doc.get("status") == "passed")
-    return {"case_id": case.case_id, "status": doc.get("status"), "error_class": doc.get("error_class"),
-            "error": doc.get("error"), "attempts": attempts, "exec_s": out.get("exec_s"),
-            "queue_wait_s": out.get("queue_wait_s"), "node": out.get("node"), "gpu_ids": out.get("gpu_ids")}
+    outcome = CaseOutcome(case_id=case.case_id, status=CaseStatus(doc.get("status")),
+                          error_class=ErrorClass(doc["error_class"]) if doc.get("error_class") else None,
+                          error=doc.get("error"), attempts=attempts, exec_s=out.exec_s,
+                          queue_wait_s=out.queue_wait_s, node=out.node, gpu_ids=tuple(out.gpu_ids))
+    ctx.progress.finish_case(outcome.passed)
+    return outcome
 
 
 # --------------------------------------------------------------------------- end of run
 
 
-def fail_run(ctx: RunContext, status: str, error: str) -> None:
+def fail_run(ctx: RunContext, status: RunStatus, error: str) -> None:
     with ctx.sessions() as session:
         run = session.get(Run, ctx.run_id)
         if run is not None and run.finished_at is None:
@@ -338,8 +366,38 @@ def fail_run(ctx: RunContext, status: str, error: str) -> None:
             session.commit()
 
 
-def finish_run(ctx: RunContext, verdict: str) -> str:
-    status = {"PASS": "passed", "FAIL": "failed", "INCOMPLETE": "incomplete"}[verdict]
+def finish_run(ctx: RunContext, verdict: Verdict) -> RunStatus:
+    status = RunStatus.for_verdict(verdict)
     with ctx.run_row() as (session, run):
         repo.finish_run(session, run, status)
     return status
+
+
+# --------------------------------------------------------------------------- gate, promotion
+
+
+def judge(ctx: RunContext) -> Evaluation:
+    """The gate's decision about this run, recorded (append-only)."""
+    return evaluate_and_commit(ctx.sessions, ctx.run_id)
+
+
+def wants_promotion(ctx: RunContext, verdict: Verdict, override: bool | None) -> bool:
+    """Promote only a PASS, only when asked (flag, else the manifest), and only when there are targets."""
+    asked = ctx.release.promotion.on_pass if override is None else override
+    return verdict == Verdict.PASS and asked and bool(ctx.release.promotion.targets)
+
+
+def promote(ctx: RunContext, log: Callable[[str], None] = lambda _m: None) -> list["TargetOutcome"]:
+    """Promote this run's candidate to every target; a refusal is reported as outcomes, never hidden."""
+    from qualify.promote import PromotionError, PromotionRefused, TargetOutcome, promote_run
+
+    try:
+        return promote_run(ctx.sessions, ctx.run_id, insecure=list(ctx.release.promotion.insecure_registries),
+                           actor="qualify-flow")
+    except PromotionRefused as exc:
+        log(f"promotion refused: {exc}")
+        return exc.outcomes
+    except PromotionError as exc:
+        log(f"promotion not possible: {exc}")
+        return [TargetOutcome(target="*", target_ref="", source_ref="", source_digest=ctx.build.digest
+                              if ctx.build else "", outcome="refused", detail=str(exc))]

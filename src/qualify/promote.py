@@ -26,19 +26,20 @@ from typing import Any, Callable, Iterable
 
 from sqlalchemy.orm import Session
 
+from qualify.errors import BadInput, ExitCode, Rejected
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.manifest import ExpandedTarget, Release
-from qualify.manifest_load import ManifestError, load_manifest_text
+from qualify.manifest_load import ManifestError
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError, RegistryUnreachable
 from qualify.store import repo
 from qualify.store.models import GateDecision, Run
 
 
-class PromotionError(Exception):
+class PromotionError(BadInput):
     """The promotion cannot be attempted at all (bad input)."""
 
 
-class PromotionRefused(Exception):
+class PromotionRefused(Rejected):
     """The run may not be promoted (no PASS decision, moved tag, local image)."""
 
     def __init__(self, message: str, outcomes: list["TargetOutcome"] | None = None) -> None:
@@ -75,7 +76,7 @@ def default_actor() -> str:
 
 def _stored_release(run: Run) -> Release:
     try:
-        return load_manifest_text(run.manifest_text, name=f"run {run.id} manifest", check_expiry=False).release
+        return repo.run_manifest(run).release
     except ManifestError as exc:
         raise PromotionError("; ".join(str(p) for p in exc.problems)) from None
 
@@ -245,13 +246,11 @@ def exit_code(outcomes: list[TargetOutcome]) -> int:
     """0 when every target is promoted/skipped; 3 when a registry failed; 1 when refused.
     A dry run answers what the real run would: 3 when a registry could not be checked, 1 when a
     target would be refused."""
-    from qualify import exitcodes
-
     if any(o.outcome == "failed" or o.planned == "unknown" for o in outcomes):
-        return exitcodes.INFRA
+        return ExitCode.INFRA
     if any(o.outcome == "refused" or o.planned == "refuse" for o in outcomes):
-        return exitcodes.FAIL
-    return exitcodes.OK
+        return ExitCode.FAIL
+    return ExitCode.OK
 
 
 __all__ = ["TargetOutcome", "promote_run", "PromotionError", "PromotionRefused", "exit_code",

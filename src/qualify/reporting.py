@@ -51,10 +51,10 @@ def run_summary(session: Session, run: Run) -> dict[str, Any]:
 def manifest_order(run: Run) -> dict[str, int]:
     """Case id -> position in the run's manifest, so reports list cases as the matrix does."""
     from qualify.cases import expand
-    from qualify.manifest_load import ManifestError, load_manifest_text
+    from qualify.manifest_load import ManifestError
 
     try:
-        release = load_manifest_text(run.manifest_text, f"run {run.id}", check_expiry=False).release
+        release = repo.run_manifest(run).release
     except ManifestError:
         return {}
     return {case.case_id: k for k, case in enumerate(expand(release))}
@@ -104,3 +104,49 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         ],
     })
     return detail
+
+
+# --------------------------------------------------------------------------- dashboard views
+
+
+def artifact_key(release_name: str, tag: str, what: str) -> str:
+    """Dashboard keys version per release: qualify-<name>-<tag>-<what> (lowercase, digits, dashes)."""
+    import re
+
+    slug = re.sub(r"[^a-z0-9]+", "-", f"qualify-{release_name}-{tag}-{what}".lower()).strip("-")
+    return slug[:100]
+
+
+def results_table(detail: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per case with its key figures ("n/a" where absent: the old Prefect UI draws "-" as a bullet)."""
+    rows = []
+    for c in detail["cases"]:
+        m = c["metrics"] or {}
+        rows.append({
+            "case": c["case_id"], "status": c["status"], "error class": c["error_class"] or "n/a",
+            "tokens/s": fmt_number(m.get("tokens_per_s", m.get("output_tokens_per_s"))),
+            "TFLOP/s per device": fmt_number(m.get("tflops_per_device")), "MFU": fmt_number(m.get("mfu")),
+            "agreement": fmt_number(m.get("token_agreement")), "KL": fmt_number(m.get("kl_div_mean")),
+            "attempts": c["attempts"], "exec s": fmt_number(c["exec_s"]),
+        })
+    return rows
+
+
+def summary_markdown(detail: dict[str, Any], report_path: str) -> str:
+    """The verdict, every check's reason, the components that differ, and where the HTML report is."""
+    decision = detail["decisions"][-1] if detail["decisions"] else None
+    verdict = decision["verdict"] if decision else "no decision"
+    lines = [f"# {detail['release']} run {detail['run']}: **{verdict}**", "",
+             f"candidate `{detail['digest'] or 'n/a'}`, {len(detail['cases'])} cases, "
+             f"{sum(c['status'] == 'passed' for c in detail['cases'])} passed", ""]
+    if detail["stage_seconds"]:
+        lines.append("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in detail["stage_seconds"].items()))
+        lines.append("")
+    if decision:
+        lines += ["| status | check | reason |", "|---|---|---|"]
+        lines += [f"| {r['status']} | {r['check']} | {r['message'].replace('|', '/')} |" for r in decision["reasons"]]
+    bad = [c for c in detail["components"] if not c["ok"]]
+    lines += ["", f"components: {len(detail['components']) - len(bad)}/{len(detail['components'])} as expected"]
+    lines += [f"- {c['name']}: expected {c['expected']} ({c['rule']}), found {c['actual'] or 'nothing'}" for c in bad]
+    lines += ["", f"HTML report: `{report_path}`"]
+    return "\n".join(lines)

@@ -51,7 +51,7 @@ def actual_version(component: Component, facts: dict[str, Any]) -> tuple[str | N
     return None, f"unknown source {source!r}"
 
 
-def check_components(components: list[Component], facts: dict[str, Any]) -> list[dict[str, Any]]:
+def compare_components(components: list[Component], facts: dict[str, Any]) -> list[dict[str, Any]]:
     """One check per component: expected vs actual, ok, and a reason. Missing is a failure, not an exception."""
     checks: list[dict[str, Any]] = []
     for component in components:

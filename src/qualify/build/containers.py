@@ -36,17 +36,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from qualify.build import BuildError, BuildResult
-from qualify.config import cache_dir
+from qualify.build.base import (
+    BuildError,
+    BuilderUnavailable,
+    BuildInputError,
+    BuildResult,
+)
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.manifest import Release
+from qualify.registry import ImageNotFound, RegistryClient, RegistryError
+from qualify.registry.transport import plain_http
+from qualify.settings import Settings
 
 TAIL_CHARS = 4000
 CONTEXT_ARG_PREFIX = "context:"
 # Where the builder mounts build.ca_bundle in RUN steps (Debian's system bundle path, which
 # OpenSSL, pip's truststore and requests all read) and what PIP_CERT then points to.
 CA_TARGET = "/etc/ssl/certs/ca-certificates.crt"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 # --------------------------------------------------------------------------- the container store
 
@@ -98,7 +104,7 @@ def containers_conf(store_dir: Path) -> str:
 
 def container_store(cache: Path | None = None) -> ContainerStore:
     """The store in ``<cache>/containers`` (created, with its containers.conf, on first use)."""
-    store_dir = Path(cache or cache_dir()).expanduser().resolve() / "containers"
+    store_dir = Path(cache or Settings.load().cache_dir).expanduser().resolve() / "containers"
     root, runroot = store_dir / "root", store_dir / "runroot"
     for path in (root, runroot, runroot / "libpod"):
         path.mkdir(parents=True, exist_ok=True)
@@ -123,13 +129,8 @@ def registry_of(reference: str) -> str:
 
 
 def is_insecure(reference: str, insecure_registries: Iterable[str] = ()) -> bool:
-    """Plain HTTP only for loopback registries and those the manifest lists as insecure."""
-    registry = registry_of(reference)
-    host = registry.rsplit(":", 1)[0] if not registry.endswith("]") else registry
-    if host in LOOPBACK_HOSTS or registry in LOOPBACK_HOSTS:
-        return True
-    listed = {r.strip().rstrip("/") for r in insecure_registries}
-    return registry in listed or host in listed
+    """Plain HTTP only for registries listed as insecure (the one rule: qualify.registry.transport)."""
+    return plain_http(registry_of(reference), insecure_registries)
 
 
 def tls_args(reference: str, insecure_registries: Iterable[str] = ()) -> list[str]:
@@ -180,9 +181,9 @@ class BuildLog:
             return ""
         return data[-chars:]
 
-    def fail(self, message: str) -> BuildError:
+    def fail(self, message: str, error: type[BuildError] = BuildError) -> BuildError:
         self.write(f"qualify: error: {message}")
-        return BuildError(message, log_tail=self.tail(), log_path=str(self.path))
+        return error(message, log_tail=self.tail(), log_path=str(self.path))
 
     def run(self, argv: Sequence[str], *, env: dict[str, str] | None, timeout_s: float,
             what: str, deadline: float | None = None) -> str:
@@ -286,14 +287,14 @@ def component_pins(release: Release) -> dict[str, str]:
 def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan:
     spec = release.build
     if not spec.containerfile:
-        raise log.fail(f"builder {spec.builder!r} needs build.containerfile")
+        raise log.fail(f"builder {spec.builder!r} needs build.containerfile", error=BuildInputError)
     containerfile = _resolve(manifest_dir, spec.containerfile)
     if not containerfile.is_file():
         raise log.fail(f"Containerfile {containerfile} not found (build.containerfile "
-                       f"{spec.containerfile!r}, relative to {manifest_dir})")
+                       f"{spec.containerfile!r}, relative to {manifest_dir})", error=BuildInputError)
     context = _resolve(manifest_dir, spec.context) if spec.context else containerfile.parent
     if not context.is_dir():
-        raise log.fail(f"build context {context} is not a directory (build.context {spec.context!r})")
+        raise log.fail(f"build context {context} is not a directory (build.context {spec.context!r})", error=BuildInputError)
     args = component_pins(release)
     contexts: dict[str, str] = {}
     for name, value in spec.build_args.items():
@@ -301,7 +302,7 @@ def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan
             ctx_name = name[len(CONTEXT_ARG_PREFIX):]
             path = _resolve(manifest_dir, value)
             if not path.exists():
-                raise log.fail(f"build context {ctx_name!r}: {path} does not exist (build.build_args {name!r})")
+                raise log.fail(f"build context {ctx_name!r}: {path} does not exist (build.build_args {name!r})", error=BuildInputError)
             contexts[ctx_name] = str(path)
         else:
             args[name] = value
@@ -311,7 +312,7 @@ def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan
     if spec.ca_bundle:
         ca_bundle = _resolve(manifest_dir, spec.ca_bundle)
         if not ca_bundle.is_file():
-            raise log.fail(f"build.ca_bundle {ca_bundle} is not a file")
+            raise log.fail(f"build.ca_bundle {ca_bundle} is not a file", error=BuildInputError)
     return BuildPlan(containerfile, context, args, contexts, ca_bundle, release.candidate_reference)
 
 
@@ -363,7 +364,7 @@ def _check_local_bases(tool: str, store: ContainerStore, plan: BuildPlan, log: B
             continue
         if res.returncode != 0:
             raise log.fail(f"the local base image {image} is not in qualify's container store {store.root}: "
-                           "create it with scripts/base-image.sh (with the same QUALIFY_CACHE_DIR)")
+                           "create it with scripts/base-image.sh (with the same QUALIFY_CACHE_DIR)", error=BuildInputError)
 
 
 # --------------------------------------------------------------------------- builders
@@ -374,7 +375,7 @@ def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) 
     plan = plan_build(release, manifest_dir, log)
     why = engine_available(tool)
     if why:
-        raise log.fail(f"builder {tool!r} cannot run: {why}")
+        raise log.fail(f"builder {tool!r} cannot run: {why}", error=BuilderUnavailable)
     store = container_store()
     env = store.env()
     _check_local_bases(tool, store, plan, log)
@@ -393,7 +394,7 @@ def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) 
         pushed = digestfile.read_text().strip() if digestfile.exists() else ""
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", pushed):
         raise log.fail(f"push to {plan.target} reported no digest (got {pushed!r})")
-    reported = inspect_digest(plan.target, log, env=env, insecure=insecure, deadline=deadline)
+    reported = registry_digest(plan.target, log, insecure=insecure)
     if reported != pushed:
         raise log.fail(f"the registry reports {reported} for {plan.target}, but the push wrote {pushed}")
     repository = release.release.repository
@@ -403,18 +404,15 @@ def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) 
                        log_tail=log.tail())
 
 
-def inspect_digest(reference: str, log: BuildLog, *, env: dict[str, str] | None = None,
-                   insecure: Iterable[str] = (), deadline: float | None = None) -> str:
-    """The manifest digest a registry reports for a reference (skopeo inspect)."""
-    if shutil.which("skopeo") is None:
-        raise log.fail("skopeo is not installed (needed to read the digest the registry reports)")
-    argv = ["skopeo", "inspect", *tls_args(reference, insecure), "--format", "{{.Digest}}",
-            f"docker://{reference}"]
-    output = log.run(argv, env=env, timeout_s=300, what=f"skopeo inspect {reference}", deadline=deadline)
-    digest = output.strip().splitlines()[-1].strip() if output.strip() else ""
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-        raise log.fail(f"skopeo inspect {reference} gave no digest (got {digest!r})")
-    return digest
+def registry_digest(reference: str, log: BuildLog, *, insecure: Iterable[str] = ()) -> str:
+    """The manifest digest the registry reports for a reference (the one resolver: RegistryClient)."""
+    try:
+        with RegistryClient(insecure) as client:
+            return client.resolve(reference)
+    except ImageNotFound as exc:
+        raise log.fail(f"cannot resolve {reference}: {exc}", error=BuildInputError) from None
+    except RegistryError as exc:
+        raise log.fail(f"cannot resolve {reference}: {exc}") from None
 
 
 def build_buildah(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
@@ -431,7 +429,7 @@ def build_docker(release: Release, data_dir: Path, manifest_dir: Path) -> BuildR
     why = engine_available("docker")
     if why:
         raise log.fail(f"builder 'docker' cannot run: {why}. Use builder 'buildah' or 'podman' "
-                       "(daemonless), or start a Docker engine.")
+                       "(daemonless), or start a Docker engine.", error=BuilderUnavailable)
     plan = plan_build(release, manifest_dir, log)
     deadline = time.monotonic() + release.build.timeout_s
     env = dict(os.environ, DOCKER_BUILDKIT="1")
@@ -451,7 +449,7 @@ def build_docker(release: Release, data_dir: Path, manifest_dir: Path) -> BuildR
                      what=f"docker push {plan.target}", deadline=deadline)
     m = re.findall(r"digest: (sha256:[0-9a-f]{64})", output)
     insecure = release.promotion.insecure_registries
-    reported = inspect_digest(plan.target, log, insecure=insecure, deadline=deadline)
+    reported = registry_digest(plan.target, log, insecure=insecure)
     if m and m[-1] != reported:
         raise log.fail(f"the registry reports {reported} for {plan.target}, but docker push printed {m[-1]}")
     repository = release.release.repository
@@ -465,13 +463,12 @@ def build_prebuilt(release: Release, data_dir: Path, manifest_dir: Path) -> Buil
     log = BuildLog(data_dir, release.release.name)
     reference = release.build.reference
     if not reference:
-        raise log.fail("builder 'prebuilt' needs build.reference")
+        raise log.fail("builder 'prebuilt' needs build.reference", error=BuildInputError)
     try:
         ref = parse_reference(reference)
     except InvalidReference as exc:
         raise log.fail(str(exc)) from None
-    digest = inspect_digest(reference, log, insecure=release.promotion.insecure_registries,
-                            deadline=time.monotonic() + release.build.timeout_s)
+    digest = registry_digest(reference, log, insecure=release.promotion.insecure_registries)
     if ref.digest and ref.digest != digest:
         raise log.fail(f"{reference}: the registry reports digest {digest}")
     log.write(f"# prebuilt {ref.name}@{digest}")

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qualify.build import BuildError, BuildResult
+from qualify.build.base import BuildError, BuildInputError, BuildResult
 from qualify.manifest import Release
 
 _LIST_PACKAGES = (
@@ -27,7 +27,7 @@ def environment_digest(python: str) -> tuple[str, dict]:
     try:
         res = subprocess.run([python, "-c", _LIST_PACKAGES], capture_output=True, text=True, timeout=120)
     except OSError as exc:
-        raise BuildError(f"build.python {python!r} cannot run: {exc.strerror or exc}") from None
+        raise BuildInputError(f"build.python {python!r} cannot run: {exc.strerror or exc}") from None
     if res.returncode != 0:
         raise BuildError(f"build.python {python!r} failed to list its packages", log_tail=res.stderr[-4000:])
     listing = json.loads(res.stdout)

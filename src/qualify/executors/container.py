@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from qualify.config import cache_dir
+from qualify.settings import Settings
 from qualify.executors.base import (TAIL_CHARS, CommandResult, ExecutionOutcome, case_json,
                                     outcome_from_command, run_command)
 from qualify.workloads import protocol
@@ -86,7 +86,7 @@ class ContainerExecutor:
             device_template=opts.device_template,
             extra_args=tuple(opts.extra_args),
             shm_size=opts.shm_size,
-            cache_root=str(cache_dir() / "container-cache"),
+            cache_root=str(Settings.load().cache_dir / "container-cache"),
             tls_verify=not is_insecure(image_ref, release.promotion.insecure_registries),
         )
         if _tool_name(opts.runtime) == "podman":

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from qualify.config import cache_dir
+from qualify.settings import Settings
 from qualify.executors.base import ExecutionOutcome, case_json, outcome_from_command, run_command
 
 # The directory that holds the `qualify` package: the workloads are imported from here, so
@@ -28,7 +28,7 @@ class LocalExecutor:
     def environment(self, gpu_ids: Sequence[str]) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = self.workload_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cache = cache_dir()
+        cache = Settings.load().cache_dir
         env.setdefault("QUALIFY_CACHE_DIR", str(cache))
         env.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))

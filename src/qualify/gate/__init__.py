@@ -2,6 +2,6 @@
 database glue (service)."""
 
 from qualify.gate.checks import ComponentData, Reason, ResultData
-from qualify.gate.evaluate import Verdict, evaluate
+from qualify.gate.evaluate import Judgement, evaluate
 
-__all__ = ["ComponentData", "Reason", "ResultData", "Verdict", "evaluate"]
+__all__ = ["ComponentData", "Reason", "ResultData", "Judgement", "evaluate"]

@@ -18,9 +18,11 @@ from qualify import metrics as metric_info
 from qualify.cases import Case
 from qualify.gate import stats
 from qualify.manifest import Component, GatePolicy, Waiver
+from qualify.outcomes import CheckStatus
 
-PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = "PASS", "FAIL", "WAIVED", "NO-BASELINE", "INCOMPLETE"
-REASON_STATUSES = (PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE)
+PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WAIVED,
+                                               CheckStatus.NO_BASELINE, CheckStatus.INCOMPLETE)
+REASON_STATUSES = tuple(CheckStatus)
 
 # Checks a waiver can cover; completeness (a case that did not produce a good result) cannot be waived.
 WAIVABLE_PREFIXES = ("component:", "threshold:", "agreement", "probe:", "regression", "variant_gain")

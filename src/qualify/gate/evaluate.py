@@ -24,11 +24,14 @@ from qualify.gate.checks import (
     check_variant_gains,
 )
 from qualify.manifest import Component, GatePolicy, Waiver
+from qualify.outcomes import Verdict
 
 
 @dataclass
-class Verdict:
-    verdict: str  # PASS | FAIL | INCOMPLETE
+class Judgement:
+    """The gate's verdict about a run and every check's reason."""
+
+    verdict: Verdict
     reasons: list[Reason] = field(default_factory=list)
 
     def reason_dicts(self) -> list[dict[str, Any]]:
@@ -44,14 +47,14 @@ class Verdict:
         return [r for r in self.reasons if r.status == status]
 
 
-def decide(reasons: Sequence[Reason]) -> str:
+def decide(reasons: Sequence[Reason]) -> Verdict:
     """FAIL if any FAIL is left after waivers; else INCOMPLETE if anything is; else PASS."""
     statuses = {r.status for r in reasons}
     if FAIL in statuses:
-        return "FAIL"
+        return Verdict.FAIL
     if INCOMPLETE in statuses:
-        return "INCOMPLETE"
-    return "PASS"
+        return Verdict.INCOMPLETE
+    return Verdict.PASS
 
 
 def _index(results: Mapping[str, ResultData] | Sequence[ResultData] | None) -> dict[str, ResultData]:
@@ -67,7 +70,7 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
              components: Sequence[ComponentData] = (),
              baseline: Mapping[str, ResultData] | Sequence[ResultData] | None = None, *,
              today: dt.date, expected_components: Sequence[Component] = (),
-             waivers: Sequence[Waiver] | None = None, baseline_label: str = "") -> Verdict:
+             waivers: Sequence[Waiver] | None = None, baseline_label: str = "") -> Judgement:
     """Judge one run.
 
     ``baseline`` is the previous release's results by case id, or None when there is no
@@ -85,7 +88,7 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_regression(policy, cases, current, base, baseline_label)
     reasons += check_variant_gains(policy, cases, current)
     reasons = apply_waivers(reasons, policy.waivers if waivers is None else waivers, today)
-    return Verdict(decide(reasons), reasons)
+    return Judgement(decide(reasons), reasons)
 
 
-__all__ = ["Verdict", "evaluate", "decide", "ResultData", "ComponentData", "Reason", "PASS", "FAIL", "INCOMPLETE"]
+__all__ = ["Judgement", "Verdict", "evaluate", "decide", "ResultData", "ComponentData", "Reason", "PASS", "FAIL", "INCOMPLETE"]

@@ -15,15 +15,16 @@ from typing import Any, Callable
 from sqlalchemy.orm import Session
 
 from qualify.cases import expand
+from qualify.errors import BadInput
 from qualify.gate.checks import ComponentData, ResultData
-from qualify.gate.evaluate import Verdict, evaluate
+from qualify.gate.evaluate import Judgement, evaluate
 from qualify.manifest import Release
-from qualify.manifest_load import ManifestError, load_manifest_text, policy_sha256
+from qualify.manifest_load import ManifestError, policy_sha256
 from qualify.store import repo
 from qualify.store.models import GateDecision, Run
 
 
-class GateError(Exception):
+class GateError(BadInput):
     """The run cannot be judged (unknown run, unreadable stored manifest)."""
 
 
@@ -31,14 +32,14 @@ class GateError(Exception):
 class Evaluation:
     run_id: int
     decision: GateDecision
-    verdict: Verdict
+    judgement: Judgement
     baseline_run_id: int | None
     release: Release
 
 
 def stored_release(run: Run) -> Release:
     try:
-        loaded = load_manifest_text(run.manifest_text, name=f"run {run.id} manifest", check_expiry=False)
+        loaded = repo.run_manifest(run)
     except ManifestError as exc:
         raise GateError("; ".join(str(p) for p in exc.problems)) from None
     return loaded.release

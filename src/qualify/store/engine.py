@@ -8,12 +8,14 @@ from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from qualify.config import redact_url
+from qualify.settings import redact_url
+from qualify.errors import InfraError
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "db"
+# Shipped as package data, so an installed (non-editable) qualify can migrate its database.
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
-class DatabaseError(Exception):
+class DatabaseError(InfraError):
     """The database cannot be reached or is not at the expected schema."""
 
 
@@ -62,8 +64,20 @@ def upgrade(url: str, revision: str = "head") -> None:
         raise DatabaseError(f"cannot migrate {redact_url(url)}: {type(exc).__name__}: {exc}") from exc
 
 
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    assert head is not None, f"no migrations in {MIGRATIONS_DIR}"
+    return head
+
+
 def open_database(url: str, migrate: bool = True) -> tuple[Engine, sessionmaker[Session]]:
-    """Connect, migrate to head when asked (idempotent), and return a session factory."""
+    """Connect, migrate to head when asked (idempotent), and return a session factory.
+
+    Without migrate (read-only commands) the schema is checked, never changed: a database that is
+    not at the head revision is refused with what to run.
+    """
     if migrate:
         upgrade(url)
     engine = make_engine(url)
@@ -71,6 +85,13 @@ def open_database(url: str, migrate: bool = True) -> tuple[Engine, sessionmaker[
         with engine.connect() as conn:
             if "runs" not in inspect(conn).get_table_names():
                 raise DatabaseError(f"{redact_url(url)} has no qualify schema: run `qualify db upgrade`")
+            if not migrate:
+                from alembic.runtime.migration import MigrationContext
+
+                current = MigrationContext.configure(conn).get_current_revision()
+                if current != head_revision():
+                    raise DatabaseError(f"{redact_url(url)} is at schema revision {current}, this qualify needs "
+                                        f"{head_revision()}: run `qualify db upgrade`")
     except DatabaseError:
         raise
     except Exception as exc:  # noqa: BLE001

@@ -21,6 +21,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from qualify.outcomes import CaseStatus, RunStatus, Verdict
+
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
@@ -30,9 +32,10 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
-RUN_STATUSES = ("running", "passed", "failed", "incomplete", "error", "aborted")
-CASE_STATUSES = ("passed", "failed", "error")
-VERDICTS = ("PASS", "FAIL", "INCOMPLETE")
+# Plain string tuples: they are rendered into the CHECK constraints of the migrations.
+RUN_STATUSES = tuple(s.value for s in RunStatus)
+CASE_STATUSES = tuple(s.value for s in CaseStatus)
+VERDICTS = tuple(v.value for v in Verdict)
 PROMOTION_OUTCOMES = ("promoted", "skipped", "failed", "refused", "dry-run")
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from qualify.errors import BadInput
+from qualify.manifest_load import LoadedManifest, load_manifest_text
+from qualify.outcomes import Verdict
 from qualify.store.models import (
     CaseResult,
     ComponentCheck,
@@ -21,7 +25,7 @@ from qualify.store.models import (
 )
 
 
-class RunConflict(Exception):
+class RunConflict(BadInput):
     """Another run of the same candidate digest is in progress."""
 
 
@@ -177,7 +181,7 @@ def baseline_run(session: Session, repository: str, previous_tag: str | None) ->
         return None
     passed = session.scalar(
         select(Run).join(GateDecision, GateDecision.run_id == Run.id)
-        .where(Run.release_id == release.id, GateDecision.verdict == "PASS")
+        .where(Run.release_id == release.id, GateDecision.verdict == Verdict.PASS)
         .order_by(GateDecision.decided_at.desc()).limit(1))
     if passed is not None:
         return passed
@@ -216,7 +220,7 @@ def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | 
 
 def latest_pass_for_digest(session: Session, digest: str) -> GateDecision | None:
     """The latest passing decision for digest D (single indexed query)."""
-    return session.scalar(select(GateDecision).where(GateDecision.digest == digest, GateDecision.verdict == "PASS")
+    return session.scalar(select(GateDecision).where(GateDecision.digest == digest, GateDecision.verdict == Verdict.PASS)
                           .order_by(GateDecision.decided_at.desc(), GateDecision.id.desc()).limit(1))
 
 
@@ -242,3 +246,10 @@ def promotions(session: Session, run_id: int) -> Sequence[Promotion]:
 
 def heartbeat(session: Session, run: Run, when: dt.datetime | None = None) -> None:
     run.heartbeat_at = when or utcnow()
+
+
+def run_manifest(run: Run, path: Path | None = None) -> LoadedManifest:
+    """The manifest a run qualified, from the copy stored with it. Waivers are not refused for having
+    expired since: the gate judges expiry itself. Raises ManifestError if the stored text is unreadable."""
+    return load_manifest_text(run.manifest_text, str(path) if path else f"run {run.id} manifest", path=path,
+                              check_expiry=False)

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import enum
 import sys
 import time
 import traceback
@@ -50,6 +51,16 @@ ERROR_CLASSES = (
     "infra",
 )
 PROBE_STATUSES = ("passed", "failed", "skipped")
+
+
+class CaseStatus(enum.StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+
+
+ErrorClass = enum.StrEnum("ErrorClass", {name.upper(): name for name in ERROR_CLASSES})
+assert tuple(CaseStatus) == STATUSES
 
 # Marks the result line so that a caller can find it even if a library prints to stdout.
 RESULT_PREFIX = ""

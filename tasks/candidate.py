@@ -8,20 +8,22 @@ from typing import Any, Callable
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
+from sqlalchemy.orm import Session, sessionmaker
 
 from qualify import pipeline
 from qualify.build import BuildResult
+from qualify.errors import BadInput, Rejected
 
 
 def expected_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input and a failed candidate end the task as Failed with their message, without a
+    """Bad input and a rejected candidate end the task as Failed with their message, without a
     traceback in the logs (they are outcomes, not crashes); the flow re-raises them."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (pipeline.UserInputError, pipeline.CandidateFailed) as exc:
+        except (BadInput, Rejected) as exc:
             return Failed(message=str(exc), data=exc)
 
     return wrapper
@@ -29,8 +31,8 @@ def expected_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @task(name="open-run", cache_policy=NO_CACHE)
 @expected_failures
-def open_run_task(sessions, manifest: str, resume_run: int | None, ray_address: str | None,  # type: ignore[no-untyped-def]
-                  triggered_by: str | None) -> pipeline.RunContext:
+def open_run_task(sessions: sessionmaker[Session], manifest: str, resume_run: int | None,
+                  ray_address: str | None, triggered_by: str | None) -> pipeline.RunContext:
     return pipeline.open_run(sessions, manifest, resume_run_id=resume_run, ray_address=ray_address,
                              triggered_by=triggered_by)
 
@@ -42,5 +44,5 @@ def obtain_candidate_task(ctx: pipeline.RunContext, wait: bool) -> BuildResult:
 
 
 @task(name="verify-components", cache_policy=NO_CACHE)
-def verify_components_task(ctx: pipeline.RunContext) -> list[dict]:
+def verify_components_task(ctx: pipeline.RunContext) -> list[dict[str, Any]]:
     return pipeline.verify_components(ctx)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from qualify.config import database_url
+from qualify.settings import Settings
 from qualify.store.engine import make_engine
 from qualify.store.models import Base
 
@@ -13,7 +13,7 @@ target_metadata = Base.metadata
 
 
 def _url() -> str:
-    return config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or database_url()
+    return config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or Settings.load().database_url
 
 
 def run_migrations_offline() -> None:

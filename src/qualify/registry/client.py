@@ -1,45 +1,26 @@
-"""A small client of the registry HTTP API (OCI Distribution) and skopeo for cross-registry copies.
-
-What it does, and why this way:
-
-* Resolve a reference to its digest: ``GET /v2/<name>/manifests/<tag|digest>`` with an Accept
-  header naming the OCI manifest and index and the Docker v2 manifest and manifest list. The
-  digest is the sha256 of the exact body bytes; the registry's Docker-Content-Digest header
-  must agree, and a digest reference must hash to itself.
-* Copy by digest, never by re-serialising: within one registry, GET the manifest's exact bytes
-  and PUT them back with the same Content-Type (re-encoding the JSON would change the digest).
-  A different repository in the same registry does not share blobs until they are mounted
-  (``POST /v2/<target>/blobs/uploads/?mount=<digest>&from=<source>``); if a mount is refused we
-  fall back to skopeo. Across registries: ``skopeo copy --preserve-digests``. After every copy
-  the target is resolved again and must have the source digest.
-* Credentials: QUALIFY_REGISTRY_USERNAME / QUALIFY_REGISTRY_PASSWORD, else a Docker-style auth
-  file (REGISTRY_AUTH_FILE, $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json,
-  $DOCKER_CONFIG/config.json or ~/.docker/config.json; ``auths`` entries with a base64 ``auth``
-  or username/password). Basic and bearer-token (WWW-Authenticate) challenges are answered.
-  Credentials never appear in messages, logs or command lines (skopeo gets a private auth file).
-* TLS is verified; plain HTTP only for registries named as insecure (loopback tests).
-"""
+"""A small client of the registry HTTP API (OCI Distribution): resolve references to digests, and copy
+by digest without re-serialising (GET the exact bytes, PUT them back; blobs mounted across
+repositories; skopeo across registries). Every copy is resolved again and must keep its digest."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
-import ipaddress
 import json
 import logging
 import os
 import re
-import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
 
 import httpx
 
 from qualify.imageref import DEFAULT_REGISTRY, ImageRef, InvalidReference, parse_reference
+from qualify.registry.copier import NeedSkopeo, skopeo_copy
+from qualify.registry.credentials import Credentials, find_credentials
+from qualify.registry.errors import (CopyFailed, DigestMismatch, ImageNotFound, RegistryError, RegistryUnauthorized,
+                                     RegistryUnreachable)
+from qualify.registry.transport import is_loopback, plain_http
 
 LOG = logging.getLogger(__name__)
 
@@ -51,129 +32,9 @@ MANIFEST_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
 INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 ACCEPT = ", ".join(MANIFEST_TYPES)
 
-ENV_USERNAME = "QUALIFY_REGISTRY_USERNAME"
-ENV_PASSWORD = "QUALIFY_REGISTRY_PASSWORD"
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class RegistryError(Exception):
-    """A registry operation failed; the message names the reference, never credentials."""
-
-
-class RegistryUnreachable(RegistryError):
-    """The registry did not answer (connection refused, DNS, TLS, timeout, 5xx)."""
-
-
-class RegistryUnauthorized(RegistryError):
-    """The registry refused our credentials (or we have none) for this reference."""
-
-
-class ImageNotFound(RegistryError):
-    """The repository, tag or digest does not exist."""
-
-
-class DigestMismatch(RegistryError):
-    """What the registry returned does not hash to the expected digest."""
-
-
-class CopyFailed(RegistryError):
-    """A copy did not complete (skopeo failed, a manifest was refused)."""
-
-
-# --------------------------------------------------------------------------- credentials
-
 
 @dataclass(frozen=True)
-class Credentials:
-    username: str
-    password: str = field(repr=False)
-    source: str = ""
-
-    def __repr__(self) -> str:  # never print the secret
-        return f"Credentials(username={self.username!r}, source={self.source!r})"
-
-    def basic_header(self) -> str:
-        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-        return f"Basic {token}"
-
-
-def auth_file_candidates(env: Mapping[str, str] | None = None) -> list[Path]:
-    env = os.environ if env is None else env
-    paths: list[Path] = []
-    if env.get("REGISTRY_AUTH_FILE"):
-        paths.append(Path(env["REGISTRY_AUTH_FILE"]).expanduser())
-    if env.get("XDG_RUNTIME_DIR"):
-        paths.append(Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json")
-    home = Path(env.get("HOME") or Path.home())
-    paths.append(home / ".config" / "containers" / "auth.json")
-    docker_dir = Path(env["DOCKER_CONFIG"]).expanduser() if env.get("DOCKER_CONFIG") else home / ".docker"
-    paths.append(docker_dir / "config.json")
-    return paths
-
-
-_DOCKER_HUB_KEYS = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}
-
-
-def _normalise_key(key: str) -> tuple[str, str]:
-    """An auths key ("https://host/v1/", "host", "host/namespace") as (host, path)."""
-    key = re.sub(r"^[a-z]+://", "", key.strip()).rstrip("/")
-    host, _, path = key.partition("/")
-    if host in _DOCKER_HUB_KEYS:
-        host, path = DEFAULT_REGISTRY, ("" if path in ("v1", "v2") else path)
-    return host, path
-
-
-def _entry_credentials(entry: Any, source: str) -> Credentials | None:
-    if not isinstance(entry, dict):
-        return None
-    if entry.get("auth"):
-        try:
-            decoded = base64.b64decode(entry["auth"]).decode()
-        except (ValueError, UnicodeDecodeError):
-            return None
-        user, sep, password = decoded.partition(":")
-        return Credentials(user, password, source) if sep else None
-    if entry.get("username") and entry.get("password") is not None:
-        return Credentials(str(entry["username"]), str(entry["password"]), source)
-    return None
-
-
-def find_credentials(registry: str, repository: str = "", env: Mapping[str, str] | None = None) -> Credentials | None:
-    """Credentials for a registry: the environment first, then the first auth file that has any."""
-    env = os.environ if env is None else env
-    if env.get(ENV_USERNAME) and env.get(ENV_PASSWORD) is not None:
-        return Credentials(env[ENV_USERNAME], env.get(ENV_PASSWORD, ""), "environment")
-    host = DEFAULT_REGISTRY if registry in _DOCKER_HUB_KEYS else registry
-    for path in auth_file_candidates(env):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        auths = data.get("auths") if isinstance(data, dict) else None
-        if not isinstance(auths, dict):
-            continue
-        best: tuple[int, Credentials] | None = None
-        for key, entry in auths.items():
-            k_host, k_path = _normalise_key(str(key))
-            if k_host != host:
-                continue
-            if k_path and not (repository == k_path or repository.startswith(k_path + "/")):
-                continue
-            creds = _entry_credentials(entry, str(path))
-            if creds and (best is None or len(k_path) > best[0]):
-                best = (len(k_path), creds)
-        if best:
-            return best[1]
-    return None
-
-
-# --------------------------------------------------------------------------- client
-
-
-@dataclass(frozen=True)
-class Manifest:
+class ImageManifest:
     body: bytes
     media_type: str
     digest: str
@@ -197,16 +58,6 @@ class CopyResult:
 def sha256_digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
-
-def _is_loopback(registry: str) -> bool:
-    host = registry.rsplit(":", 1)[0] if not registry.endswith("]") else registry
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _as_ref(ref: ImageRef | str) -> ImageRef:
@@ -253,7 +104,7 @@ class RegistryClient:
         self.close()
 
     def is_insecure(self, registry: str) -> bool:
-        return registry in self.insecure
+        return plain_http(registry, self.insecure)
 
     def base_url(self, registry: str) -> str:
         host = "registry-1.docker.io" if registry == DEFAULT_REGISTRY else registry
@@ -263,7 +114,7 @@ class RegistryClient:
         if registry not in self._clients:
             # Loopback registries never go through a proxy from the environment.
             self._clients[registry] = httpx.Client(timeout=self.timeout, verify=True, follow_redirects=True,
-                                                   trust_env=not _is_loopback(registry),
+                                                   trust_env=not is_loopback(registry),
                                                    transport=self._transport)
         return self._clients[registry]
 
@@ -330,7 +181,7 @@ class RegistryClient:
         query.extend(("scope", s) for s in dict.fromkeys(scopes))
         headers = {"Authorization": creds.basic_header()} if creds else {}
         try:
-            with httpx.Client(timeout=self.timeout, verify=True, trust_env=not _is_loopback(ref.registry),
+            with httpx.Client(timeout=self.timeout, verify=True, trust_env=not is_loopback(ref.registry),
                               transport=self._transport) as client:
                 token_resp = client.get(realm, params=query, headers=headers)
         except httpx.HTTPError as exc:
@@ -351,7 +202,7 @@ class RegistryClient:
 
     # ----------------------------------------------------------------- manifests
 
-    def get_manifest(self, ref: ImageRef | str) -> Manifest:
+    def get_manifest(self, ref: ImageRef | str) -> ImageManifest:
         """The manifest's exact bytes, media type and verified digest."""
         ref = _as_ref(ref)
         what = f"get {ref}"
@@ -374,7 +225,7 @@ class RegistryClient:
                 media_type = json.loads(body).get("mediaType", "")
             except ValueError:
                 media_type = ""
-        return Manifest(body, media_type, digest)
+        return ImageManifest(body, media_type, digest)
 
     def resolve(self, ref: ImageRef | str) -> str:
         """The digest a reference points to now, verified against the manifest bytes."""
@@ -398,7 +249,7 @@ class RegistryClient:
         except ImageNotFound:
             return None
 
-    def put_manifest(self, ref: ImageRef | str, manifest: Manifest) -> str:
+    def put_manifest(self, ref: ImageRef | str, manifest: ImageManifest) -> str:
         """PUT the exact bytes under ref's tag (or digest); returns the digest the registry stored."""
         ref = _as_ref(ref)
         what = f"push manifest to {ref}"
@@ -452,11 +303,13 @@ class RegistryClient:
         if src.registry == dst.registry:
             try:
                 method = self._copy_within(src, dst)
-            except _NeedSkopeo as exc:
+            except NeedSkopeo as exc:
                 LOG.info("copy %s -> %s: %s; using skopeo", src, dst, exc)
-                self._skopeo_copy(src, dst)
+                skopeo_copy(src, dst, env=self.env, src_plain_http=self.is_insecure(src.registry),
+                            dst_plain_http=self.is_insecure(dst.registry), skopeo=self.skopeo, timeout_s=self.skopeo_timeout)
         else:
-            self._skopeo_copy(src, dst)
+            skopeo_copy(src, dst, env=self.env, src_plain_http=self.is_insecure(src.registry),
+                            dst_plain_http=self.is_insecure(dst.registry), skopeo=self.skopeo, timeout_s=self.skopeo_timeout)
         landed = self.resolve(dst)
         if landed != src.digest:
             raise DigestMismatch(f"after copying {src} to {dst}, the target resolves to {landed}")
@@ -470,7 +323,7 @@ class RegistryClient:
         self.put_manifest(dst, manifest)
         return "api+mount" if mounted else "api"
 
-    def _ensure_referenced(self, src: ImageRef, dst: ImageRef, manifest: Manifest) -> bool:
+    def _ensure_referenced(self, src: ImageRef, dst: ImageRef, manifest: ImageManifest) -> bool:
         """Make every blob and child manifest of `manifest` exist in dst's repository."""
         doc = manifest.json()
         mounted = False
@@ -487,80 +340,11 @@ class RegistryClient:
             if self.blob_exists(dst, digest):
                 continue
             if not self.mount_blob(dst, digest, src.repository):
-                raise _NeedSkopeo(f"registry {dst.registry} did not mount {digest}")
+                raise NeedSkopeo(f"registry {dst.registry} did not mount {digest}")
             mounted = True
         return mounted
 
     # ----------------------------------------------------------------- skopeo
-
-    def _skopeo_copy(self, src: ImageRef, dst: ImageRef) -> None:
-        exe = shutil.which(self.skopeo)
-        if exe is None:
-            raise CopyFailed(f"copy {src} to {dst}: skopeo is not installed (needed to copy between registries)")
-        cmd = [exe, "copy", "--preserve-digests", "--quiet"]
-        if self.is_insecure(src.registry):
-            cmd.append("--src-tls-verify=false")
-        if self.is_insecure(dst.registry):
-            cmd.append("--dest-tls-verify=false")
-        with self._skopeo_auth(src, dst) as auth_args, _policy_args() as policy_args:
-            cmd += auth_args + policy_args + [f"docker://{src}", f"docker://{dst}"]
-            # skopeo reads the private auth file; the secret itself stays out of its environment
-            env = {k: v for k, v in self.env.items() if k not in (ENV_USERNAME, ENV_PASSWORD)}
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.skopeo_timeout, env=env)
-            except subprocess.TimeoutExpired:
-                raise RegistryUnreachable(f"copy {src} to {dst}: skopeo timed out after {self.skopeo_timeout:g}s") from None
-        if proc.returncode != 0:
-            raise _skopeo_error(f"copy {src} to {dst}", proc.stderr)
-
-    @contextlib.contextmanager
-    def _skopeo_auth(self, src: ImageRef, dst: ImageRef) -> Iterator[list[str]]:
-        """Credentials from the environment go to skopeo in a private auth file (never argv);
-        auth files skopeo already reads (REGISTRY_AUTH_FILE, containers/docker) are left to it."""
-        if not (self.env.get(ENV_USERNAME) and self.env.get(ENV_PASSWORD) is not None):
-            yield []
-            return
-        creds = find_credentials(src.registry, src.repository, self.env)
-        assert creds is not None
-        auths = {reg: {"auth": base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()}
-                 for reg in {src.registry, dst.registry}}
-        with tempfile.TemporaryDirectory(prefix="qualify-auth-") as tmp:
-            path = Path(tmp) / "auth.json"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"auths": auths}, fh)
-            yield ["--src-authfile", str(path), "--dest-authfile", str(path)]
-
-
-class _NeedSkopeo(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _policy_args() -> Iterator[list[str]]:
-    """skopeo refuses to run without a signature policy; the system's is used when present."""
-    home = Path.home() / ".config" / "containers" / "policy.json"
-    if Path("/etc/containers/policy.json").exists() or home.exists():
-        yield []
-        return
-    with tempfile.TemporaryDirectory(prefix="qualify-policy-") as tmp:
-        path = Path(tmp) / "policy.json"
-        path.write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
-        yield ["--policy", str(path)]
-
-
-def _skopeo_error(what: str, stderr: str) -> RegistryError:
-    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
-    tail = lines[-1] if lines else "no message"
-    tail = re.sub(r"(?i)(authorization|password|token)[=:]\s*\S+", r"\1=<redacted>", tail)[:500]
-    low = (stderr or "").lower()
-    if "connection refused" in low or "no such host" in low or "i/o timeout" in low or "server gave http response" in low:
-        return RegistryUnreachable(f"{what}: a registry is unreachable: {tail}")
-    if "unauthorized" in low or "authentication required" in low or "denied" in low:
-        return RegistryUnauthorized(f"{what}: access refused: {tail}")
-    if "manifest unknown" in low or "not found" in low:
-        return ImageNotFound(f"{what}: not found: {tail}")
-    return CopyFailed(f"{what}: skopeo failed: {tail}")
 
 
 def _error_detail(response: httpx.Response) -> str:

@@ -1,4 +1,4 @@
-"""Fan-out over Ray: one Ray task per case, with the case's resources; plain data back.
+"""The Ray backend: one Ray task per case, with the case's resources; plain data back.
 
 No Prefect here (see docs/ARCHITECTURE.md): the driver's Prefect tasks submit these
 Ray tasks and await them, so Ray workers need only Ray and the workload package.
@@ -12,13 +12,15 @@ import os
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import ray
 
+from qualify.executors import Executor
 from qualify.manifest import Resources
+from qualify.settings import Settings
 from qualify.workloads import protocol
 
 QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parent
@@ -36,7 +38,8 @@ class RayHandle:
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHandle:
     """Join a cluster (address, or QUALIFY_RAY_ADDRESS) or start a local Ray sized to this machine."""
-    address = address or os.environ.get("QUALIFY_RAY_ADDRESS") or None
+    settings = Settings.load()
+    address = address or settings.ray_address or None
     if ray.is_initialized():
         return RayHandle(address, started_here=False)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -46,7 +49,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
         ray.init(address=address, log_to_driver=True, ignore_reinit_error=True,
                  runtime_env={"py_modules": [str(QUALIFY_PACKAGE_DIR)]})
         return RayHandle(address, started_here=True)
-    temp = Path(os.environ.get("QUALIFY_RAY_TEMP", Path(tempfile.gettempdir()) / "qualify-ray"))
+    temp = settings.ray_temp_dir or Path(tempfile.gettempdir()) / "qualify-ray"
     temp.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
              _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
@@ -100,8 +103,30 @@ def infeasible_reason(resources: Resources, nodes: list[dict[str, Any]] | None =
             f"cluster can run this case: it needs {wanted_txt} per node; the cluster has {have or 'no nodes'}")
 
 
+@dataclass(frozen=True)
+class RayCaseResult:
+    """What a Ray task brings back from one case: the result document and where/how long it ran."""
+
+    doc: dict[str, Any]  # a valid result document, always
+    exit_code: int | None
+    exec_s: float | None
+    queue_wait_s: float | None
+    node: str | None
+    node_id: str | None
+    gpu_ids: Sequence[str] = ()
+    retryable: bool = False
+    command: Sequence[str] = field(default_factory=list)
+
+    @classmethod
+    def failed(cls, doc: dict[str, Any], *, retryable: bool, exec_s: float = 0.0) -> "RayCaseResult":
+        """A result synthesised on the driver (the case never ran, or its worker was lost)."""
+        return cls(doc=doc, exit_code=None, exec_s=exec_s, queue_wait_s=None, node=None, node_id=None,
+                   retryable=retryable)
+
+
 @ray.remote
-def execute_case(executor: Any, case_doc: dict[str, Any], timeout_s: float, submitted_at: float) -> dict[str, Any]:
+def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
+                 submitted_at: float) -> RayCaseResult:
     """Run one case on a Ray worker through the executor; return plain data."""
     started = time.time()
     context = ray.get_runtime_context()
@@ -110,20 +135,14 @@ def execute_case(executor: Any, case_doc: dict[str, Any], timeout_s: float, subm
     except Exception:  # noqa: BLE001 - older Ray: fall back to the GPU ids API
         gpu_ids = [str(x) for x in ray.get_gpu_ids()]
     outcome = executor.run(case_doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
-    return {
-        "doc": outcome.doc,
-        "exit_code": outcome.exit_code,
-        "exec_s": outcome.exec_s,
-        "queue_wait_s": max(0.0, started - submitted_at),
-        "node": socket.gethostname(),
-        "node_id": context.get_node_id(),
-        "gpu_ids": gpu_ids,
-        "retryable": outcome.retryable,
-        "command": outcome.command,
-    }
+    return RayCaseResult(doc=outcome.doc, exit_code=outcome.exit_code, exec_s=outcome.exec_s,
+                         queue_wait_s=max(0.0, started - submitted_at), node=socket.gethostname(),
+                         node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=outcome.retryable,
+                         command=outcome.command)
 
 
-def run_case_on_ray(executor: Any, case_doc: dict[str, Any], resources: Resources, timeout_s: float) -> dict[str, Any]:
+def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
+                    timeout_s: float) -> RayCaseResult:
     """Submit one case and wait for it; a lost worker or node becomes an `infra` result, not an exception."""
     submitted = time.time()
     ref = execute_case.options(**ray_options(resources)).remote(executor, case_doc, timeout_s, submitted)
@@ -134,5 +153,4 @@ def run_case_on_ray(executor: Any, case_doc: dict[str, Any], resources: Resource
             ray.exceptions.TaskUnschedulableError, ray.exceptions.RayTaskError) as exc:
         message = f"Ray could not run the case: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
         doc = protocol.make_result(case_doc, "error", error_class="infra", error=message)
-        return {"doc": doc, "exit_code": None, "exec_s": time.time() - submitted, "queue_wait_s": None,
-                "node": None, "node_id": None, "gpu_ids": [], "retryable": True, "command": []}
+        return RayCaseResult.failed(doc, retryable=True, exec_s=time.time() - submitted)

@@ -1,0 +1,58 @@
+"""`qualify validate` and `qualify cases`: read manifests, show the matrix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from qualify.cases import expand
+from qualify.cli.common import JsonOption, load, out
+from qualify.manifest_load import ManifestError, load_manifest
+
+
+def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> None:
+    """Check manifests; print a summary, or one line per problem (exit 2)."""
+    problems = []
+    for path in files:
+        try:
+            loaded = load_manifest(path)
+        except ManifestError as exc:
+            problems.extend(exc.problems)
+            continue
+        rel = loaded.release
+        cases = expand(rel)
+        n_train = sum(c.kind == "train" for c in cases)
+        n_infer = sum(c.kind == "infer" for c in cases)
+        out.print(f"[green]ok[/green] {path}: {rel.release.name} {rel.release.tag} "
+                  f"(candidate {rel.release.candidate_tag}, previous {rel.release.previous_tag or 'none'})")
+        out.print(f"   {len(rel.components)} components, {n_train} training cases, {n_infer} inference cases"
+                  + (f", {len(cases) - n_train - n_infer} other cases" if len(cases) > n_train + n_infer else ""))
+        targets = rel.expanded_targets()
+        out.print(f"   {len(targets)} promotion targets" + (":" if targets else ""))
+        for target in targets:
+            out.print(f"     {target.name}: {target.reference}", markup=False, highlight=False)
+    if problems:  # every file's problems, then one exit
+        raise ManifestError(problems)
+
+
+def cases(file: Path, as_json: bool = JsonOption) -> None:
+    """List the test cases a manifest expands to (stable ids, same order every time)."""
+    expanded = expand(load(file).release)
+    if as_json:
+        print(json.dumps([c.to_dict() for c in expanded], indent=2, sort_keys=True))
+        return
+    table = Table(title=f"{len(expanded)} cases of {file}")
+    for col in ("case id", "kind", "resources", "parameters"):
+        table.add_column(col, overflow="fold")
+    for case in expanded:
+        res = case.resources
+        resources = f"cpu {res.cpus:g} gpu {res.gpus:g}" + (f" x{res.nodes} nodes" if res.nodes > 1 else "")
+        if res.accelerator_type:
+            resources += f" {res.accelerator_type}"
+        params = ", ".join(f"{k}={v}" for k, v in case.to_dict()["params"].items()
+                           if k not in ("deepspeed_config", "engine_args"))
+        table.add_row(case.case_id, case.kind, resources, params)
+    out.print(table)

@@ -1,0 +1,113 @@
+"""`qualify runs list|show`: read qualification runs (never migrates or writes)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from qualify.cli.common import DbOption, JsonOption, new_app, open_db, out
+from qualify.errors import BadInput
+from qualify.reporting import run_detail, run_summary
+from qualify.store import repo
+
+runs_app = new_app(help="Read qualification runs.")
+
+
+@runs_app.command("list")
+def runs_list(db: Optional[str] = DbOption, limit: int = typer.Option(20, min=1),
+              as_json: bool = JsonOption) -> None:
+    """The newest runs."""
+    sessions = open_db(db, migrate=False)
+    with sessions() as session:
+        rows = [run_summary(session, run) for run in repo.list_runs(session, limit)]
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title="runs")
+    for col in ("run", "release", "status", "verdict", "cases", "digest", "started"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(str(row["run"]), row["release"], row["status"], row["verdict"] or "n/a",
+                      f"{row['cases_passed']}/{row['cases_total']}", (row["digest"] or "n/a")[:19],
+                      str(row["started_at"])[:19])
+    out.print(table)
+
+
+@runs_app.command("show")
+def runs_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,
+              as_json: bool = JsonOption) -> None:
+    """One run: stages, component checks, case results, decisions, promotions."""
+    sessions = open_db(db, migrate=False)
+    with sessions() as session:
+        detail = run_detail(session, run_id)
+    if detail is None:
+        raise BadInput(f"no run {run_id}")
+    if as_json:
+        print(json.dumps(detail, indent=2, default=str))
+        return
+    _print_run(detail)
+
+
+def _print_run(d: dict[str, Any]) -> None:
+    out.print(f"[bold]run {d['run']}[/bold] {d['release']} status={d['status']} stage={d['stage']} "
+              f"digest={d['digest'] or 'n/a'}")
+    if d.get("error"):
+        out.print(f"error: {d['error']}", markup=False)
+    if d["stage_seconds"]:
+        out.print("stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in d["stage_seconds"].items()))
+    if d["components"]:
+        t = Table(title="components")
+        for col in ("name", "rule", "expected", "actual", "ok"):
+            t.add_column(col)
+        for c in d["components"]:
+            t.add_row(c["name"], c["rule"], c["expected"], c["actual"] or "missing",
+                      "[green]yes[/green]" if c["ok"] else "[red]NO[/red]")
+        out.print(t)
+    t = Table(title="cases")
+    for col in ("case", "status", "key metrics", "attempts", "exec s"):
+        t.add_column(col, overflow="fold")
+    for r in d["cases"]:
+        status = r["status"] + (f" ({r['error_class']})" if r["error_class"] else "")
+        t.add_row(r["case_id"], status, r["key_metrics"], str(r["attempts"]),
+                  f"{r['exec_s']:.1f}" if r["exec_s"] is not None else "n/a")
+    out.print(t)
+    for dec in d["decisions"]:
+        out.print(f"decision {dec['id']} at {str(dec['decided_at'])[:19]}: [bold]{dec['verdict']}[/bold]")
+        for reason in dec["reasons"]:
+            out.print(f"  {reason['status']:<11} {reason['check']}: {reason['message']}", markup=False)
+    for p in d["promotions"]:
+        out.print(f"promotion {p['target_name']}: {p['outcome']} {p['target_ref']}"
+                  + (f" ({p['detail']})" if p.get("detail") else ""), markup=False)
+def _print_run(d: dict[str, Any]) -> None:
+    out.print(f"[bold]run {d['run']}[/bold] {d['release']} status={d['status']} stage={d['stage']} "
+              f"digest={d['digest'] or 'n/a'}")
+    if d.get("error"):
+        out.print(f"error: {d['error']}", markup=False)
+    if d["stage_seconds"]:
+        out.print("stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in d["stage_seconds"].items()))
+    if d["components"]:
+        t = Table(title="components")
+        for col in ("name", "rule", "expected", "actual", "ok"):
+            t.add_column(col)
+        for c in d["components"]:
+            t.add_row(c["name"], c["rule"], c["expected"], c["actual"] or "missing",
+                      "[green]yes[/green]" if c["ok"] else "[red]NO[/red]")
+        out.print(t)
+    t = Table(title="cases")
+    for col in ("case", "status", "key metrics", "attempts", "exec s"):
+        t.add_column(col, overflow="fold")
+    for r in d["cases"]:
+        status = r["status"] + (f" ({r['error_class']})" if r["error_class"] else "")
+        t.add_row(r["case_id"], status, r["key_metrics"], str(r["attempts"]),
+                  f"{r['exec_s']:.1f}" if r["exec_s"] is not None else "n/a")
+    out.print(t)
+    for dec in d["decisions"]:
+        out.print(f"decision {dec['id']} at {str(dec['decided_at'])[:19]}: [bold]{dec['verdict']}[/bold]")
+        for reason in dec["reasons"]:
+            out.print(f"  {reason['status']:<11} {reason['check']}: {reason['message']}", markup=False)
+    for p in d["promotions"]:
+        out.print(f"promotion {p['target_name']}: {p['outcome']} {p['target_ref']}"
+                  + (f" ({p['detail']})" if p.get("detail") else ""), markup=False)

@@ -1,0 +1,81 @@
+"""qualify's configuration on the driver: one frozen object, built as defaults -> environment -> flags.
+
+Every environment variable the driver reads is a field here (ENVIRONMENT lists them; a test
+checks that the README's configuration table names exactly these plus the workloads' own,
+qualify.workloads.settings). Registry credentials are read by qualify.registry.credentials only,
+so they never travel inside a Settings object that could be logged or pickled to a Ray worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+# Variables read on the driver (beyond the registry credentials and the standard container auth
+# files: REGISTRY_AUTH_FILE, DOCKER_CONFIG, XDG_RUNTIME_DIR).
+ENVIRONMENT = {
+    "QUALIFY_DATABASE_URL": "database_url",
+    "QUALIFY_DATA_DIR": "data_dir",
+    "QUALIFY_CACHE_DIR": "cache_dir",
+    "QUALIFY_RAY_ADDRESS": "ray_address",
+    "QUALIFY_RAY_TEMP": "ray_temp_dir",
+    "QUALIFY_ACTOR": "actor",
+    "QUALIFY_DEBUG": "debug",
+}
+CREDENTIAL_ENVIRONMENT = ("QUALIFY_REGISTRY_USERNAME", "QUALIFY_REGISTRY_PASSWORD", "QUALIFY_REGISTRY_HOST")
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path(".qualify")  # SQLite file, reports, build logs
+    cache_dir: Path = Path("~/.cache/qualify").expanduser()  # op builds, compile cache, models, containers
+    database_url: str = ""  # empty: SQLite in data_dir
+    ray_address: str | None = None  # join this cluster instead of starting a local one
+    ray_temp_dir: Path | None = None  # a local Ray's session files (default: <tmp>/qualify-ray)
+    actor: str | None = None  # who promotes (default: the OS user)
+    debug: bool = False  # tracebacks for unexpected errors
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
+        """Defaults, then the environment, then explicit flags (None flags are ignored)."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for var, name in ENVIRONMENT.items():
+            raw = env.get(var)
+            if raw:
+                values[name] = raw
+        values.update({k: v for k, v in flags.items() if v is not None})
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - fields
+        if unknown:
+            raise TypeError(f"unknown settings: {sorted(unknown)}")
+        settings = cls(**{k: _coerce(k, v) for k, v in values.items()})  # type: ignore[arg-type]
+        if not settings.database_url:
+            settings = dataclasses.replace(
+                settings, database_url=f"sqlite:///{(settings.data_dir / 'qualify.db').resolve()}")
+        return settings
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.data_dir / "reports"
+
+
+def _coerce(name: str, value: object) -> object:
+    if name in ("data_dir", "cache_dir", "ray_temp_dir"):
+        return Path(str(value)).expanduser()
+    if name == "debug":
+        return str(value).lower() in ("1", "true", "yes", "on")
+    return value
+
+
+def redact_url(url: str) -> str:
+    """A database URL without its password, for messages and logs."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a malformed URL is shown without anything after '@'
+        return url.split("@")[-1]
