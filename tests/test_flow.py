@@ -22,9 +22,10 @@ def test_faults_are_classified_retried_and_recorded(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
     manifest = sleep_manifest(tmp_path / "m.yaml", [
         {"name": "nap", "kind": "sleep", "params": {"duration_s": 0.5}, "count": 2},
-        # Dies by SIGKILL on its first attempt only: an infrastructure fault a retry outlives.
+        # Kills the worker that runs it on its first attempt only: a lost worker, which a retry outlives.
         {"name": "flaky", "kind": "sleep", "params": {"duration_s": 0.2,
-                                                      "kill_once_marker": str(tmp_path / "flaky.marker")}},
+                                                      "kill_worker_once_marker": str(tmp_path / "flaky.marker")}},
+        {"name": "segv", "kind": "sleep", "params": {"signal": "SEGV"}},
         {"name": "crash", "kind": "sleep", "params": {"exit_code": 3}},
         {"name": "hang", "kind": "sleep", "params": {"hang": True}},
         {"name": "lost", "kind": "sleep", "params": {"kill_self_after_s": 0.2}},
@@ -37,7 +38,7 @@ def test_faults_are_classified_retried_and_recorded(tmp_path: Path) -> None:
     assert outcome["verdict"] == "FAIL"
     got = results(db, outcome["run_id"])
     assert set(got) == {"sleep/nap/0000", "sleep/nap/0001", "sleep/flaky", "sleep/crash", "sleep/hang",
-                        "sleep/lost", "sleep/fails"}
+                        "sleep/lost", "sleep/fails", "sleep/segv"}
     assert got["sleep/nap/0000"]["status"] == "passed" and got["sleep/nap/0000"]["attempts"] == 1
     assert (got["sleep/flaky"]["status"], got["sleep/flaky"]["attempts"]) == ("passed", 2)
     # A test failure is never retried; a crash of the image's workload neither.
@@ -45,8 +46,13 @@ def test_faults_are_classified_retried_and_recorded(tmp_path: Path) -> None:
         "error", "crash", 1)
     assert "exited with code 3" in got["sleep/crash"]["error"]
     assert (got["sleep/fails"]["status"], got["sleep/fails"]["attempts"]) == ("failed", 1)
-    assert (got["sleep/hang"]["error_class"], got["sleep/hang"]["attempts"]) == ("timeout", 2)
-    assert (got["sleep/lost"]["error_class"], got["sleep/lost"]["attempts"]) == ("infra", 2)
+    # Timeouts are not retried unless the manifest asks; a signal from the workload is its own fault.
+    assert (got["sleep/hang"]["error_class"], got["sleep/hang"]["attempts"]) == ("timeout", 1)
+    assert (got["sleep/lost"]["error_class"], got["sleep/lost"]["attempts"]) == ("oom", 1)
+    assert (got["sleep/segv"]["error_class"], got["sleep/segv"]["attempts"]) == ("crash", 1)
+    assert "SIGSEGV" in got["sleep/segv"]["error"]
+    # The case that needed a retry is shown in the verdict's reasons.
+    assert any(r["check"] == "retries" and r["case_id"] == "sleep/flaky" for r in outcome["reasons"])
     assert all(r["exec_s"] is not None for r in got.values())
     reasons = {(r["check"], r["status"]) for r in outcome["reasons"]}
     assert ("completeness", "FAIL") in reasons or any(s == "FAIL" for _, s in reasons)

@@ -68,7 +68,7 @@ def test_all_good_with_baseline_passes(rel, good, baseline):
     assert {r.status for r in verdict.reasons} == {"PASS"}
     checks = {r.check for r in verdict.reasons}
     assert {"completeness", "component:torch", "threshold:tokens_per_s", "threshold:latency_s_p90",
-            "agreement", "probes", "regression", "variant_gain"} <= checks
+            "agreement", "probe:prefix_cache", "regression", "variant_gain"} <= checks
 
 
 def test_no_baseline_is_reported_and_does_not_fail(rel, good):
@@ -78,12 +78,17 @@ def test_no_baseline_is_reported_and_does_not_fail(rel, good):
     assert reason.status == "NO-BASELINE" and "no previous release" in reason.message
 
 
-def test_baseline_missing_a_case_is_no_baseline_for_that_case(rel, good, baseline):
+def test_baseline_missing_a_case_is_incomplete_unless_optional(rel, good, baseline):
     del baseline["infer/tq/none"]
     verdict = judge(rel, good, baseline=baseline)
+    assert verdict.verdict == "INCOMPLETE"
+    [reason] = only(verdict, "regression", "infer/tq/none")
+    assert reason.status == "INCOMPLETE" and "no result for this case" in reason.message
+    optional = release(gate_extra={"regression": {"baseline": "optional"}})
+    verdict = judge(optional, good, baseline=baseline)
     assert verdict.verdict == "PASS"
     [reason] = only(verdict, "regression", "infer/tq/none")
-    assert reason.status == "NO-BASELINE"
+    assert reason.status == "NO-BASELINE" and "optional" in reason.message
 
 
 def test_reasons_are_json_dicts_with_the_cli_keys(rel, good, baseline):
@@ -266,11 +271,23 @@ def test_failed_probe_fails(rel, good):
     assert "garbled output" in reason.message
 
 
-def test_skipped_probe_is_fine(rel, good):
+def test_skipped_probe_is_incomplete_unless_skipped_by_setting(rel, good):
     probes = {**good["infer/tq/none"].probes, "degenerate": {"status": "skipped", "detail": "no vllm"}}
     verdict = judge(rel, replace(good, "infer/tq/none", probes=probes))
+    assert verdict.verdict == "INCOMPLETE"
+    [reason] = only(verdict, "probe:degenerate", "infer/tq/none")
+    assert reason.status == "INCOMPLETE" and "tested nothing" in reason.message and "no vllm" in reason.message
+    probes["degenerate"] = {"status": "skipped", "detail": "disabled in engine_args", "by_setting": True}
+    verdict = judge(rel, replace(good, "infer/tq/none", probes=probes))
     assert verdict.verdict == "PASS"
-    assert "degenerate skipped" in only(verdict, "probes", "infer/tq/none")[0].message
+    assert "skipped by setting" in only(verdict, "probe:degenerate", "infer/tq/none")[0].message
+
+
+def test_errored_probe_is_incomplete(rel, good):
+    probes = {**good["infer/tq/none"].probes, "degenerate": {"status": "error", "detail": "RuntimeError: boom"}}
+    verdict = judge(rel, replace(good, "infer/tq/none", probes=probes))
+    assert verdict.verdict == "INCOMPLETE"
+    assert only(verdict, "probe:degenerate", "infer/tq/none")[0].status == "INCOMPLETE"
 
 
 def test_probe_waiver_covers_only_matching_cases_and_checks(rel, good):
@@ -290,22 +307,22 @@ def test_probe_waiver_expired_says_so(rel, good):
                     expires=dt.date(2025, 1, 31))
     verdict = judge(rel, _probe_failed(good), waivers=[waiver])
     assert verdict.verdict == "FAIL"
-    reason = only(verdict, "probe:prefix_cache")[0]
+    reason = only(verdict, "probe:prefix_cache", "infer/tq/w8a8")[0]
     assert "KI-pc expired on 2025-01-31" in reason.message
 
 
-def test_requested_probe_not_reported_fails(rel, good):
+def test_requested_probe_not_reported_is_incomplete(rel, good):
     probes = {"prefix_cache": {"status": "passed", "detail": ""}}
     verdict = judge(rel, replace(good, "infer/tq/none", probes=probes))
     [reason] = only(verdict, "probe:degenerate", "infer/tq/none")
-    assert reason.status == "FAIL" and "not reported" in reason.message
+    assert reason.status == "INCOMPLETE" and "not reported" in reason.message
 
 
 def test_probes_not_required_only_reports(good):
     rel = release(gate_extra={"probes_required": False})
     verdict = judge(rel, _probe_failed(good))
     assert verdict.verdict == "PASS"
-    assert "not required" in only(verdict, "probe:prefix_cache")[0].message
+    assert "not required" in only(verdict, "probe:prefix_cache", "infer/tq/w8a8")[0].message
 
 
 # --------------------------------------------------------------------------- regression
@@ -466,5 +483,6 @@ def test_result_data_from_row_like_object(rel):
         case_id, kind, model, variant = case.case_id, case.kind, case.model, case.variant
         status, error_class, error = "passed", None, None
         metrics, samples, probes = doc["metrics"], doc["samples"], doc["probes"]
+        fingerprint, attempts, environment = as_result(case, doc).fingerprint, 1, doc["environment"]
 
     assert ResultData.from_row(Row()) == as_result(case, doc)

@@ -22,12 +22,12 @@ PREVIOUS = dict(release_extra={"tag": "1.0", "candidate_tag": "1.0-rc1", "previo
 
 
 def test_first_release_passes_without_baseline_and_records_the_decision(sessions):
-    text = manifest_text()
+    text = manifest_text(release_extra={"previous_tag": None})
     with sessions() as s:
         run = seed_run(s, text, digest=fake_digest("a"))
         s.commit()
         run_id = run.id
-    ev = evaluate_and_commit(sessions, run_id, today=dt.date(2025, 6, 1))
+    ev = evaluate_and_commit(sessions, run_id)
     assert ev.judgement.verdict == "PASS" and ev.baseline_run_id is None
     with sessions() as s:
         decision = repo.latest_decision(s, run_id)
@@ -38,10 +38,12 @@ def test_first_release_passes_without_baseline_and_records_the_decision(sessions
         assert repo.latest_pass_for_digest(s, fake_digest("a")).id == decision.id
 
 
-def test_re_evaluation_appends_and_expired_waiver_flips_the_verdict(sessions):
+def test_re_evaluation_appends_and_a_dry_later_date_is_never_stored(sessions):
     docs_changed = {}
-    text = manifest_text(gate_extra={"waivers": [{"id": "KI-pc", "cases": "infer/*", "check": "probe:prefix_cache",
-                                                  "reason": "known vLLM issue", "expires": "2025-06-15"}]})
+    expires = dt.date.today() + dt.timedelta(days=14)
+    text = manifest_text(release_extra={"previous_tag": None},
+                         gate_extra={"waivers": [{"id": "KI-pc", "cases": "infer/*", "check": "probe:prefix_cache",
+                                                  "reason": "known vLLM issue", "expires": expires.isoformat()}]})
     cases = {c.case_id: c for c in expand(load_manifest_text(text, check_expiry=False).release)}
     for cid, case in cases.items():
         doc = good_doc(case)
@@ -51,18 +53,20 @@ def test_re_evaluation_appends_and_expired_waiver_flips_the_verdict(sessions):
     with sessions() as s:
         run_id = seed_run(s, text, digest=fake_digest("b"), docs=docs_changed).id
         s.commit()
-    first = evaluate_and_commit(sessions, run_id, today=dt.date(2025, 6, 1))
-    second = evaluate_and_commit(sessions, run_id, today=dt.date(2025, 7, 1))
-    assert first.judgement.verdict == "PASS" and second.judgement.verdict == "FAIL"
+    first = evaluate_and_commit(sessions, run_id)
+    later = dt.date.today() + dt.timedelta(days=30)
+    dry = evaluate_and_commit(sessions, run_id, today=later, record=False)
+    second = evaluate_and_commit(sessions, run_id)
+    assert first.judgement.verdict == "PASS" and second.judgement.verdict == "PASS"
+    assert dry.judgement.verdict == "FAIL" and dry.decision is None
+    assert any(f"KI-pc expired on {expires}" in r.message for r in dry.judgement.by_status("FAIL"))
+    with pytest.raises(GateError, match="cannot be recorded"):
+        evaluate_and_commit(sessions, run_id, today=later)  # another day's verdict is never stored
     with sessions() as s:
         rows = repo.decisions(s, run_id)
-        assert [d.verdict for d in rows] == ["PASS", "FAIL"]
+        assert [d.verdict for d in rows] == ["PASS", "PASS"]  # appended; the dry one left no trace
         assert rows[0].id == first.decision.id  # the first decision is untouched
         assert any(r["status"] == "WAIVED" for r in rows[0].reasons)
-        failing = [r for r in rows[1].reasons if r["status"] == "FAIL"]
-        assert failing and "KI-pc expired on 2025-06-15" in failing[0]["message"]
-        assert repo.latest_decision(s, run_id).verdict == "FAIL"
-        assert repo.latest_decision_for_digest(s, fake_digest("b")).verdict == "FAIL"
 
 
 def test_regression_against_the_previous_release(sessions):

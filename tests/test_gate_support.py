@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from qualify import fingerprint
 from qualify.cases import Case, expand
 from qualify.gate.checks import ComponentData, ResultData
 from qualify.manifest import Release
@@ -102,7 +103,8 @@ def good_doc(case: Case, *, scale: float = 1.0, seed: int = 0, n: int = 5, noise
 
 
 def as_result(case: Case, doc: dict[str, Any]) -> ResultData:
-    return ResultData.from_doc(doc, model=case.model, variant=case.variant)
+    return ResultData.from_doc(doc, model=case.model, variant=case.variant,
+                               fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
 
 
 def good_results(rel: Release, **kwargs: Any) -> dict[str, ResultData]:
@@ -144,7 +146,8 @@ def seed_run(session, text: str, *, digest: str, repository: str | None = None, 
     for case_id, doc in docs.items():
         case = cases[case_id]
         repo.record_case_result(session, run.id, case_id=case_id, kind=case.kind, model=case.model,
-                                variant=case.variant, doc=doc)
+                                variant=case.variant, doc=doc,
+                                fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
     if finish:
         repo.finish_run(session, run, finish)
     session.flush()

@@ -29,7 +29,7 @@ class Setup:
              "regions": ["cn-beijing", "cn-shanghai"]},
         ]
         self.text = manifest_text(
-            release_extra={"repository": self.repository},
+            release_extra={"repository": self.repository, "previous_tag": None},  # a first release
             promotion={"targets": targets, "insecure_registries": insecure or [registry.host]})
         self.digest = make_image(registry, f"{self.ns}/demo", "1.1-rc1")
         with sessions() as s:
@@ -175,3 +175,37 @@ def test_one_target_down_is_recorded_and_completed_on_retry(sessions, registry, 
     assert skopeo_digest(mirror.ref("mirror/demo", "1.1")) == st.digest
     assert [(r[0], r[1]) for r in rows(sessions, st.run_id)] == [
         ("public", "promoted"), ("mirror", "failed"), ("public", "skipped"), ("mirror", "promoted")]
+
+
+def test_a_fail_recorded_during_a_copy_stops_the_remaining_targets(sessions, registry, make_image):
+    """promote re-checks the digest's latest decision right before each target's copy."""
+    from qualify.registry import RegistryClient
+
+    st = Setup(sessions, registry, make_image)
+    assert st.verdict == "PASS"
+
+    class FailsAfterFirstCopy(RegistryClient):
+        """A real client; after its first copy another process records a FAIL about the digest."""
+
+        copies = 0
+
+        def copy(self, source, target):  # type: ignore[no-untyped-def]
+            result = super().copy(source, target)
+            FailsAfterFirstCopy.copies += 1
+            if FailsAfterFirstCopy.copies == 1:
+                with sessions() as s:
+                    run = repo.get_run(s, st.run_id)
+                    repo.record_decision(s, run, "FAIL", [], "0" * 64, None)
+                    s.commit()
+            return result
+
+    with FailsAfterFirstCopy([registry.host]) as client:
+        outcomes = promote_run(sessions, st.run_id, client=client, actor="tester")
+    assert [(o.target, o.outcome) for o in outcomes] == [
+        ("public", "promoted"), ("vpc-cn-beijing", "refused"), ("vpc-cn-shanghai", "refused")]
+    assert "is FAIL" in outcomes[1].detail and exit_code(outcomes) == 1
+    refs = st.target_refs()
+    assert skopeo_digest(refs["public"]) == st.digest and skopeo_digest(refs["vpc-cn-beijing"]) is None
+    # and now the digest is refused outright
+    with pytest.raises(PromotionRefused, match="is FAIL, not PASS"):
+        promote_run(sessions, st.run_id)

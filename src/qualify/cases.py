@@ -9,6 +9,7 @@ in manifest order. Ids look like ``train/llama3-8b/compile+ckpt`` and
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -102,6 +103,8 @@ def expand(release: Release) -> list[Case]:
             case_id = f"{custom.kind}/{custom.name}" + (f"/{k:04d}" if custom.count > 1 else "")
             cases.append(Case.build(case_id, custom.kind, None, custom.name, dict(custom.params), {},
                                     custom.resources or Resources(), timeout))
+    duplicates = sorted(i for i, n in Counter(c.case_id for c in cases).items() if n > 1)
+    assert not duplicates, f"case ids must be unique, these repeat: {duplicates}"  # validation prevents it
     return cases
 
 

@@ -119,6 +119,8 @@ class ExecutionSpec(Strict):
     ray_address: str | None = None
     case_timeout_s: int = Field(default=1800, gt=0)
     infra_retries: int = Field(default=1, ge=0, le=5)
+    # A timed-out case is not retried unless asked: a slow candidate must not get a second chance.
+    retry_timeouts: bool = False
     container: ContainerOptions = Field(default_factory=ContainerOptions)
 
 
@@ -290,10 +292,11 @@ class InferenceMatrix(Strict):
 
 
 class CustomCase(Strict):
-    """Extra cases of a plain kind (e.g. `sleep` for the overhead benchmark and fault tests)."""
+    """Extra cases of a plain kind: `sleep` (the overhead benchmark, fault tests) or `synthetic` (reports the
+    samples it is given: gate scenarios end to end in seconds). Case id: <kind>/<name>."""
 
     name: Name
-    kind: Literal["sleep"]
+    kind: Literal["sleep", "synthetic"]
     params: dict[str, Any] = Field(default_factory=dict)
     resources: Resources | None = None
     count: int = Field(default=1, ge=1, le=10_000)
@@ -316,9 +319,17 @@ class Threshold(Strict):
 
 
 class RegressionPolicy(Strict):
-    # metric compared per case kind; its direction comes from qualify.metrics.
-    metrics: dict[str, str] = Field(default_factory=lambda: {
-        "train": "tokens_per_s", "infer": "output_tokens_per_s", "sleep": "wall_s"})
+    # metrics compared per case kind (one name or a list); each in its own direction (qualify.metrics).
+    metrics: dict[str, str | list[str]] = Field(default_factory=lambda: {
+        "train": "tokens_per_s", "infer": "output_tokens_per_s", "sleep": "wall_s", "synthetic": "tokens_per_s"})
+    # history: compare with the previous release's stored results, which must exist when previous_tag is
+    # set (a missing or unusable baseline is INCOMPLETE); optional: the same, but a missing baseline is
+    # only reported (a first release); paired: re-measure the previous image beside the candidate.
+    baseline: Literal["history", "optional", "paired"] = "history"
+
+    def metrics_for(self, kind: str) -> list[str]:
+        named = self.metrics.get(kind) or []
+        return [named] if isinstance(named, str) else list(named)
     # Defaults and why: qualify.metrics (proved by benchmarks/gate_stats.py).
     max_regression: float = Field(default=metric_info.RECOMMENDED_MAX_REGRESSION, ge=0, lt=1)
     alpha: float = Field(default=metric_info.RECOMMENDED_ALPHA, gt=0, lt=0.5)
@@ -432,6 +443,12 @@ class Release(Strict):
     def _matrix(self) -> "Release":
         if self.training is None and self.inference is None and not self.custom_cases:
             raise ValueError("the test matrix is empty: give 'training', 'inference' or 'custom_cases'")
+        seen: set[tuple[str, str]] = set()
+        for custom in self.custom_cases:
+            if (custom.kind, custom.name) in seen:
+                raise ValueError(f"custom_cases: two cases named {custom.name!r} of kind {custom.kind!r} "
+                                 "would share one case id: give each its own name")
+            seen.add((custom.kind, custom.name))
         _no_duplicates([c.name for c in self.components], "components")
         return self
 

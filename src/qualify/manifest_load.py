@@ -277,9 +277,10 @@ def semantic_problems(release: Release, file: str, today: dt.date, check_expiry:
             hint = difflib.get_close_matches(threshold.metric, list(metrics.METRICS), n=1)
             add(f"gate.thresholds[{k}].metric",
                 f"unknown metric {threshold.metric!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-    for kind, metric in release.gate.regression.metrics.items():
-        if not metrics.is_known(metric):
-            add(f"gate.regression.metrics.{kind}", f"unknown metric {metric!r}")
+    for kind in release.gate.regression.metrics:
+        for metric in release.gate.regression.metrics_for(kind):
+            if not metrics.is_known(metric):
+                add(f"gate.regression.metrics.{kind}", f"unknown metric {metric!r}")
 
     for k, target in enumerate(release.promotion.targets):
         for expanded in release.expanded_targets():

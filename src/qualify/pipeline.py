@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from qualify import fingerprint
 from qualify.build import BuildError, BuildResult, build_candidate
 from qualify.cases import Case, expand
 from qualify.errors import BadInput, Rejected
@@ -333,7 +334,9 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         while True:
             attempts += 1
             out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
-            if not out.retryable or attempts > retries:
+            timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
+            retryable = out.retryable or (timed_out and ctx.release.execution.retry_timeouts)
+            if not retryable or attempts > retries:
                 break
             log(f"{case.case_id}: attempt {attempts} ended with {out.doc.get('error_class')} "
                 f"({out.doc.get('error')}); retrying ({attempts}/{retries})")
@@ -342,7 +345,8 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         try:
             repo.record_case_result(session, ctx.run_id, case_id=case.case_id, kind=case.kind, model=case.model,
                                     variant=case.variant, doc=doc, attempts=attempts,
-                                    queue_wait_s=out.queue_wait_s, exec_s=out.exec_s, node=out.node)
+                                    queue_wait_s=out.queue_wait_s, exec_s=out.exec_s, node=out.node,
+                                    fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
             session.commit()
         except repo.DuplicateResult:
             session.rollback()

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 from sqlalchemy.orm import Session
 
 from qualify.errors import BadInput, ExitCode, Rejected
+from qualify.outcomes import Verdict
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.manifest import ExpandedTarget, Release
 from qualify.manifest_load import ManifestError
@@ -114,9 +115,10 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
             raise PromotionError(f"no run {run_id}")
         release = _stored_release(run)
         targets = select_targets(release, target)
-        decision = repo.latest_decision(session, run.id)
         image = run.image
         digest = run.candidate_digest
+        # The digest's latest decision, whichever run made it: a later FAIL of the same digest wins.
+        decision = repo.latest_decision_for_digest(session, digest) if digest else None
         source_ref = f"{image.repository}:{image.tag}" if image is not None and image.tag else (
             image.repository if image is not None else release.candidate_reference)
         insecure_set = set(release.promotion.insecure_registries) | set(insecure)
@@ -133,10 +135,11 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
             return PromotionRefused(message, outcomes)
 
         if decision is None:
-            raise refuse(f"run {run.id} has no gate decision: evaluate it first (qualify gate evaluate {run.id})")
-        if decision.verdict != "PASS":
-            raise refuse(f"run {run.id}'s latest decision ({decision.id}, {decision.decided_at:%Y-%m-%d %H:%M:%S}) "
-                         f"is {decision.verdict}, not PASS")
+            raise refuse(f"run {run.id}'s candidate {digest or '(no digest)'} has no gate decision: evaluate it "
+                         f"first (qualify gate evaluate {run.id})")
+        if decision.verdict != Verdict.PASS:
+            raise refuse(f"the latest decision about {digest} (decision {decision.id} of run {decision.run_id}, "
+                         f"{decision.decided_at:%Y-%m-%d %H:%M:%S}) is {decision.verdict}, not PASS")
         if not digest or decision.digest != digest:
             raise refuse(f"run {run.id}'s PASS decision is for {decision.digest or 'no digest'}, "
                          f"not the candidate digest {digest or '(none)'}")
@@ -173,8 +176,16 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
                 raise refuse(f"candidate tag {source_ref} moved: it now points to {current}, "
                              f"but {digest} was qualified")
             source = src.with_digest(digest)
-            outcomes = [_promote_one(client, t, source, source_ref, digest, dry_run=dry_run, force=force)
-                        for t in targets]
+            outcomes = []
+            for t in targets:
+                # Re-checked right before each copy: a FAIL recorded meanwhile stops the remaining targets.
+                later = None if dry_run else _overriding_decision(session_factory, digest, decision.id)
+                if later is not None:
+                    outcomes.append(TargetOutcome(t.name, t.reference, source_ref, digest, "refused",
+                                                  f"decision {later.id} (run {later.run_id}) about {digest} is "
+                                                  f"{later.verdict}: promotion stopped before this target"))
+                    continue
+                outcomes.append(_promote_one(client, t, source, source_ref, digest, dry_run=dry_run, force=force))
             if not dry_run:
                 _record(session, decision, outcomes, actor, reason=reason)
                 session.commit()
@@ -182,6 +193,17 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
         finally:
             if own_client:
                 client.close()
+
+
+def _overriding_decision(session_factory: Callable[[], Session], digest: str,
+                         trusted_id: int) -> GateDecision | None:
+    """A decision about the digest newer than the trusted PASS that is not a PASS (read in its own
+    transaction, so it sees what other processes committed since the promotion started)."""
+    with session_factory() as session:
+        latest = repo.latest_decision_for_digest(session, digest)
+    if latest is not None and latest.id != trusted_id and latest.verdict != Verdict.PASS:
+        return latest
+    return None
 
 
 def _promote_one(client: RegistryClient, target: ExpandedTarget, source: ImageRef, source_ref: str,

@@ -18,7 +18,8 @@ from qualify.cli.common import DbOption, InsecureOption, JsonOption, exit_with, 
 from qualify.errors import BadInput, ExitCode
 from qualify.gate.service import decision_dict, evaluate_and_commit
 from qualify.outcomes import Verdict
-from qualify.imageref import parse_reference
+from qualify.gate.push_check import check_push
+from qualify.imageref import ImageRef, parse_reference
 from qualify.registry import RegistryClient, RegistryError
 from qualify.store import repo
 
@@ -36,26 +37,38 @@ def _verdict_exit(verdict: str | None) -> ExitCode:
 
 @gate_app.command("evaluate")
 def gate_evaluate(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,
+                  dry_run: bool = typer.Option(False, "--dry-run", help="judge and print; record nothing"),
                   today: Optional[str] = typer.Option(None, "--today", metavar="YYYY-MM-DD",
-                                                      help="judge waiver expiry as of this date (default: today)"),
+                                                      help="with --dry-run: judge waiver expiry as of this date"),
                   as_json: bool = typer.Option(False, "--json", help="print the decision as JSON")) -> None:
-    """Evaluate a run again and record a new decision (exit 0 PASS, 1 FAIL or INCOMPLETE)."""
+    """Evaluate a run again and record a new decision (exit 0 PASS, 1 FAIL or INCOMPLETE).
+
+    Decisions are judged as of today; another date only in a dry evaluation, which is never stored
+    (so it can never be the PASS that `gate check` or `promote` trusts)."""
     day = None
     if today:
         try:
             day = dt.date.fromisoformat(today)
         except ValueError:
             raise BadInput(f"--today {today!r} is not a date (YYYY-MM-DD)") from None
-    evaluation = evaluate_and_commit(open_db(db), run_id, today=day)
-    decision, verdict = evaluation.decision, evaluation.judgement
+        if not dry_run and day != dt.date.today():
+            raise BadInput(f"--today {today}: a decision judged as of another day than today is never recorded; "
+                           "add --dry-run to see what that date would give")
+    evaluation = evaluate_and_commit(open_db(db), run_id, today=day, record=not dry_run)
+    judgement = evaluation.judgement
     if as_json:
-        print(json.dumps(decision_dict(decision), indent=2, default=str))
+        body = (decision_dict(evaluation.decision) if evaluation.decision is not None else
+                {"run": run_id, "dry_run": True, "verdict": judgement.verdict, "judged_on": str(day or dt.date.today()),
+                 "reasons": judgement.reason_dicts()})
+        print(json.dumps(body, indent=2, default=str))
     else:
-        counts = ", ".join(f"{n} {s}" for s, n in sorted(verdict.counts().items()))
-        say(f"run {run_id}: {verdict.verdict} (decision {decision.id}, {counts}; "
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(judgement.counts().items()))
+        what = (f"decision {evaluation.decision.id}" if evaluation.decision is not None else
+                f"dry run as of {day or dt.date.today()}, not recorded")
+        say(f"run {run_id}: {judgement.verdict} ({what}, {counts}; "
             f"baseline run {evaluation.baseline_run_id or 'none'})")
-        _print_reasons(decision.reasons)
-    exit_with(_verdict_exit(verdict.verdict))
+        _print_reasons(judgement.reason_dicts())
+    exit_with(_verdict_exit(judgement.verdict))
 
 
 @gate_app.command("show")
@@ -85,51 +98,49 @@ def gate_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str
         _print_reasons(d["reasons"])
 
 
-def _resolve_digest(image_ref: str, insecure: list[str]) -> str:
-    ref = parse_reference(image_ref)
-    if ref.digest is not None:  # a digest reference needs no registry call
-        return ref.digest
+def _resolve_tag(ref: ImageRef, insecure: list[str]) -> str:
     try:
         with RegistryClient(insecure) as client:
-            return client.resolve(ref)
+            return client.resolve(ref.with_tag(ref.tag or "latest"))
     except RegistryError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. an URL httpx refuses: the reference is at fault
-        raise BadInput(f"cannot resolve {image_ref}: {type(exc).__name__}: {exc}") from None
+        raise BadInput(f"cannot resolve {ref}: {type(exc).__name__}: {exc}") from None
 
 
 @gate_app.command("check")
 def gate_check(image_ref: str = typer.Argument(..., metavar="IMAGE_REF"), db: Optional[str] = DbOption,
                insecure_registry: Optional[list[str]] = InsecureOption,
+               release: Optional[str] = typer.Option(None, "--release", metavar="NAME",
+                                                     help="also require the decision to be about this release"),
+               policy: Optional[str] = typer.Option(None, "--policy", metavar="SHA256",
+                                                    help="also require this gate policy hash (a prefix)"),
                as_json: bool = JsonOption) -> None:
-    """Exit 0 only when the image's digest has a PASS as its latest decision (for CI push gates)."""
-    digest = _resolve_digest(image_ref, insecure_registry or [])
+    """Exit 0 only when the reference may be pushed: its digest's latest decision is PASS, its repository is
+    the qualified one (or a promotion target), and its tag (if any) resolves to that digest."""
+    ref = parse_reference(image_ref)
+    tag_digest = _resolve_tag(ref, insecure_registry or []) if ref.tag else None
+    digest = ref.digest or tag_digest
+    assert digest is not None
     with open_db(db, migrate=False)() as session:
-        latest = repo.latest_decision_for_digest(session, digest)
-        earlier_pass = (repo.latest_pass_for_digest(session, digest)
-                        if latest and latest.verdict != Verdict.PASS else None)
-        run = repo.get_run(session, latest.run_id) if latest else None
-        info: dict[str, Any] = {"reference": image_ref, "digest": digest,
-                                "verdict": latest.verdict if latest else None,
-                                "decision": latest.id if latest else None,
-                                "run": latest.run_id if latest else None,
-                                "release": f"{run.release.name}:{run.release.tag}" if run else None,
-                                "decided_at": latest.decided_at.isoformat() if latest else None,
-                                "overrides_pass_decision": earlier_pass.id if earlier_pass else None,
-                                "reasons": [r for r in (latest.reasons if latest else [])
-                                            if r.get("status") in ("FAIL", "INCOMPLETE")]}
-    code = _verdict_exit(info["verdict"])
+        result = check_push(session, ref, digest, tag_digest=tag_digest, release_name=release, policy_sha256=policy)
+    code = ExitCode.OK if result.ok else ExitCode.FAIL
     if as_json:
-        print(json.dumps(info, indent=2, default=str))
+        print(json.dumps(result.to_dict(), indent=2, default=str))
         exit_with(code)
-    if info["verdict"] is None:
+    if result.verdict is None:
         say(f"NO DECISION: {image_ref} ({digest}) has never been judged by the gate")
+        for problem in result.problems:
+            say(f"  refused: {problem}")
         exit_with(code)
-    say(f"{info['verdict']}: {image_ref} ({digest}) run {info['run']} release {info['release']} "
-        f"decision {info['decision']} at {info['decided_at'][:19]}")
-    if code != ExitCode.OK:
-        if earlier_pass is not None:
-            say(f"  (an earlier PASS, decision {info['overrides_pass_decision']}, is overridden: "
+    label = result.verdict if not result.problems else f"REFUSED ({result.verdict} but not for this reference)"
+    say(f"{label}: {image_ref} ({digest}) run {result.run} release {result.release} "
+        f"decision {result.decision} at {str(result.decided_at)[:19]}")
+    for problem in result.problems:
+        say(f"  refused: {problem}")
+    if result.verdict != Verdict.PASS:
+        if result.overrides_pass_decision is not None:
+            say(f"  (an earlier PASS, decision {result.overrides_pass_decision}, is overridden: "
                 "the latest decision wins)")
-        _print_reasons(info["reasons"])
+        _print_reasons(result.reasons)
     exit_with(code)

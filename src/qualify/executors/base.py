@@ -25,8 +25,10 @@ class ExecutionOutcome:
 
     @property
     def retryable(self) -> bool:
-        """Infrastructure failures may be retried; a test failure never is."""
-        return self.doc.get("error_class") in ("infra", "timeout")
+        """Only infrastructure failures (the executor could not start it, a worker or node was lost) may be
+        retried; a test failure, a crash or an out-of-memory never is. Timeouts only when the manifest
+        asks (execution.retry_timeouts, decided by the pipeline)."""
+        return self.doc.get("error_class") == "infra"
 
 
 class Executor(Protocol):
@@ -80,8 +82,9 @@ def outcome_from_command(case_doc: dict[str, Any], res: CommandResult, command: 
                          timeout_s: float, not_found_hint: str | None = None) -> ExecutionOutcome:
     """Turn a finished command into an outcome with a valid result document.
 
-    Classes: could not start -> infra; killed by a signal (worker or process lost) -> infra;
-    timeout -> timeout; non-zero exit without a document -> crash (the image's fault).
+    Classes: could not start -> infra; timeout -> timeout; killed by SIGKILL without our timeout (the
+    kernel's OOM killer) -> oom; killed by another signal (SIGSEGV, SIGABRT, ...) -> crash; non-zero exit
+    without a document -> crash (the image's fault, never retried).
     """
     stderr_tail = res.stderr[-TAIL_CHARS:]
 
@@ -101,7 +104,7 @@ def outcome_from_command(case_doc: dict[str, Any], res: CommandResult, command: 
                 doc = synth("error", "crash", "malformed result document: " + "; ".join(problems))
         except ValueError:
             if res.returncode is not None and res.returncode < 0:
-                doc = synth("error", "infra", f"workload killed by signal {-res.returncode}")
+                doc = synth("error", *signal_class(-res.returncode))
             elif not_found_hint and res.returncode == 127:
                 doc = synth("error", "crash", not_found_hint)
             else:
@@ -110,6 +113,17 @@ def outcome_from_command(case_doc: dict[str, Any], res: CommandResult, command: 
                             f"workload exited with code {res.returncode} without a result: {last[0][:300]}")
     return ExecutionOutcome(doc=doc, exit_code=res.returncode, exec_s=res.seconds, stderr_tail=stderr_tail,
                             command=command)
+
+
+def signal_class(signum: int) -> tuple[str, str]:
+    """The error class and message of a workload killed by a signal (not by our timeout)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if signum == signal.SIGKILL:
+        return "oom", f"workload killed by {name} (the kernel's out-of-memory killer, or another process)"
+    return "crash", f"workload killed by {name}"
 
 
 def case_json(case_doc: dict[str, Any]) -> str:

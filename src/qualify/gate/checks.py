@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from qualify import metrics as metric_info
 from qualify.cases import Case
+from qualify.fingerprint import differences as fingerprint_differences
 from qualify.gate import stats
 from qualify.manifest import Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
@@ -45,20 +46,26 @@ class ResultData:
     probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     model: str | None = None
     variant: str | None = None
+    fingerprint: Mapping[str, Any] | None = None  # qualify.fingerprint: what it may be compared with
+    attempts: int = 1
+    environment: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, row: Any) -> "ResultData":
         return cls(case_id=row.case_id, kind=row.kind, status=row.status, error_class=row.error_class,
                    error=row.error, metrics=dict(row.metrics or {}), samples=dict(row.samples or {}),
-                   probes=dict(row.probes or {}), model=row.model, variant=row.variant)
+                   probes=dict(row.probes or {}), model=row.model, variant=row.variant,
+                   fingerprint=dict(row.fingerprint) if row.fingerprint else None, attempts=row.attempts or 1,
+                   environment=dict(row.environment or {}))
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any], *, model: str | None = None,
-                 variant: str | None = None) -> "ResultData":
+    def from_doc(cls, doc: Mapping[str, Any], *, model: str | None = None, variant: str | None = None,
+                 fingerprint: Mapping[str, Any] | None = None, attempts: int = 1) -> "ResultData":
         return cls(case_id=doc["case_id"], kind=doc.get("kind") or "", status=doc["status"],
                    error_class=doc.get("error_class"), error=doc.get("error"),
                    metrics=dict(doc.get("metrics") or {}), samples=dict(doc.get("samples") or {}),
-                   probes=dict(doc.get("probes") or {}), model=model, variant=variant)
+                   probes=dict(doc.get("probes") or {}), model=model, variant=variant,
+                   fingerprint=fingerprint, attempts=attempts, environment=dict(doc.get("environment") or {}))
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,21 @@ def _passed(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[tu
     return out
 
 
+def _judged(cases: Sequence[Case], results: Mapping[str, ResultData],
+            metric: str) -> list[tuple[Case, ResultData]]:
+    """The results a metric check applies to: every passed result (a missing metric then fails), and
+    every failed or errored result that still reports the metric. A waiver of another check (or a
+    case's failure) never exempts a figure from its own check."""
+    out = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is None:
+            continue
+        if result.status == "passed" or _num(result.metrics.get(metric)) is not None:
+            out.append((case, result))
+    return out
+
+
 def _metric_problem(result: ResultData, metric: str) -> str | None:
     if metric not in result.metrics:
         return f"{metric} is missing from the result"
@@ -223,11 +245,11 @@ def _metric_problem(result: ResultData, metric: str) -> str | None:
 
 def check_thresholds(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
     """Absolute bounds per case glob and metric: ``min`` for higher-is-better figures, ``max`` for
-    lower-is-better ones (both may be given). Only cases with a passed result are judged; the
-    others are the completeness check's."""
+    lower-is-better ones (both may be given). Every result that reports the metric is judged,
+    whatever its status (a failed case is also the completeness check's)."""
     reasons: list[Reason] = []
-    ran = _passed(cases, results)
     for threshold in policy.thresholds:
+        ran = _judged(cases, results, threshold.metric)
         check = f"threshold:{threshold.metric}"
         covered = [c for c in cases if fnmatch.fnmatchcase(c.case_id, threshold.cases)]
         if not covered:
@@ -263,9 +285,11 @@ def check_thresholds(policy: GatePolicy, cases: Sequence[Case], results: Mapping
 def check_agreement(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
     """Greedy token agreement with the unquantized reference, at least the scheme's minimum."""
     reasons: list[Reason] = []
-    for case, result in _passed(cases, results):
+    for case, result in _judged(cases, results, "token_agreement"):
         if case.kind != "infer" or case.variant not in policy.agreement:
             continue
+        if result.status == "failed" and result.error_class == "low_agreement":
+            continue  # reported by check_completeness under this same check name
         minimum = policy.agreement[case.variant]  # type: ignore[index]
         figures: dict[str, Any] = {"metric": "token_agreement", "scheme": case.variant, "min": minimum}
         problem = _metric_problem(result, "token_agreement")
@@ -287,34 +311,41 @@ def check_agreement(policy: GatePolicy, cases: Sequence[Case], results: Mapping[
 
 
 def check_probes(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
-    """Every probe of an inference result passed or was skipped (a failed one may be waived)."""
+    """One check per probe, `probe:<name>`, so that a waiver or `probes_required: false` covers exactly it.
+
+    passed -> PASS; failed -> FAIL (or PASS, said so, when probes are not required); skipped by an explicit
+    setting (the workload marks it `by_setting`) -> PASS; skipped for any other reason, errored, or
+    requested and not reported -> INCOMPLETE with the reason: a probe that did not run proved nothing.
+    """
     reasons: list[Reason] = []
     for case in cases:
         result = results.get(case.case_id)
-        if case.kind != "infer" or result is None or result.status == "error":
+        if case.kind != "infer" or result is None or (result.status == "error" and not result.probes):
             continue
         requested = case.params.get("probes")
-        requested_names = list(requested) if requested is not None else []
-        summary: list[str] = []
-        problems = 0
-        for name in sorted(set(requested_names) | set(result.probes)):
+        for name in sorted(set(requested or ()) | set(result.probes)):
+            check = f"probe:{name}"
             probe = result.probes.get(name)
             if probe is None:
-                status, detail = "missing", "requested but not reported"
-            else:
-                status, detail = str(probe.get("status")), str(probe.get("detail") or "")
-            if status in ("passed", "skipped"):
-                summary.append(f"{name} {status}" + (f" ({_short(detail, 80)})" if status == "skipped" else ""))
+                reasons.append(Reason(check, case.case_id, INCOMPLETE, f"probe {name} was requested but not reported",
+                                      {"probe_status": "missing"}))
                 continue
-            problems += 1
-            message = f"probe {name} {status}: {_short(detail)}"
-            if policy.probes_required:
-                reasons.append(Reason(f"probe:{name}", case.case_id, FAIL, message, {"probe_status": status}))
+            status, detail = str(probe.get("status")), _short(str(probe.get("detail") or ""))
+            figures = {"probe_status": status}
+            if status == "passed":
+                reasons.append(Reason(check, case.case_id, PASS, f"probe {name} passed: {detail}", figures))
+            elif status == "skipped" and probe.get("by_setting"):
+                reasons.append(Reason(check, case.case_id, PASS, f"probe {name} skipped by setting: {detail}",
+                                      figures))
+            elif status == "failed":
+                if policy.probes_required:
+                    reasons.append(Reason(check, case.case_id, FAIL, f"probe {name} failed: {detail}", figures))
+                else:
+                    reasons.append(Reason(check, case.case_id, PASS,
+                                          f"probe {name} failed: {detail} (probes not required)", figures))
             else:
-                reasons.append(Reason(f"probe:{name}", case.case_id, PASS, message + " (probes not required)",
-                                      {"probe_status": status}))
-        if summary and not problems:
-            reasons.append(Reason("probes", case.case_id, PASS, ", ".join(summary)))
+                reasons.append(Reason(check, case.case_id, INCOMPLETE,
+                                      f"probe {name} {status}, so it tested nothing: {detail}", figures))
     return reasons
 
 
@@ -323,7 +354,7 @@ def check_probes(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str
 
 def _series(result: ResultData, metric: str) -> list[float]:
     """The samples behind a metric (metrics.SAMPLES_FOR), else the single reported figure."""
-    series_name = metric_info.SAMPLES_FOR.get(metric)
+    series_name = metric_info.SAMPLES_FOR.get(metric) or (metric if metric in result.samples else None)
     if series_name and result.samples.get(series_name):
         return [float(v) for v in result.samples[series_name] if _num(v) is not None]
     value = _num(result.metrics.get(metric))
@@ -331,45 +362,82 @@ def _series(result: ResultData, metric: str) -> list[float]:
 
 
 def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData],
-                     baseline: Mapping[str, ResultData] | None, baseline_label: str = "") -> list[Reason]:
-    """Compare each case's samples with the previous release's (see qualify.gate.stats)."""
+                     baseline: Mapping[str, ResultData] | None, baseline_label: str = "", *,
+                     previous_named: bool | None = None) -> list[Reason]:
+    """Compare each case's samples of each regression metric with the previous release's (qualify.gate.stats).
+
+    A result is compared only with a baseline result whose fingerprint matches. When a previous release is
+    named and no usable baseline exists (no PASS run of that tag, the baseline case failed, fingerprints
+    differ, no samples), the check is INCOMPLETE with the reason -- unless the policy says
+    `baseline: optional`, when it is NO-BASELINE (reported, not failing).
+    """
     reg = policy.regression
     if not reg.enabled:
         return [Reason("regression", None, PASS, "regression check disabled by the policy")]
+    named = (baseline is not None or bool(baseline_label)) if previous_named is None else previous_named
+    unusable = NO_BASELINE if reg.baseline == "optional" else INCOMPLETE
+    suffix = " (gate.regression.baseline: optional)" if reg.baseline == "optional" else ""
+    if not named:
+        return [Reason("regression", None, NO_BASELINE, "no previous release named (release.previous_tag)")]
     if baseline is None:
-        return [Reason("regression", None, NO_BASELINE,
-                       f"no previous release to compare with{(' (' + baseline_label + ')') if baseline_label else ''}")]
+        return [Reason("regression", None, unusable,
+                       f"no usable baseline: {baseline_label or 'the previous release has no PASS run'}{suffix}")]
     reasons: list[Reason] = []
-    for case, result in _passed(cases, results):
-        metric = reg.metrics.get(case.kind)
-        if not metric:
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is None:
             continue
-        direction = metric_info.direction(metric)
-        base = baseline.get(case.case_id)
-        if base is None or base.status != "passed":
-            why = "has no result for this case" if base is None else f"result is {base.status}"
-            reasons.append(Reason("regression", case.case_id, NO_BASELINE, f"the baseline {why}",
-                                  {"metric": metric}))
-            continue
-        cand_samples, base_samples = _series(result, metric), _series(base, metric)
-        if not cand_samples:
-            reasons.append(Reason("regression", case.case_id, FAIL,
-                                  f"the result has no {metric} (samples or figure) to compare with the baseline",
-                                  {"metric": metric}))
-            continue
-        if not base_samples:
-            reasons.append(Reason("regression", case.case_id, NO_BASELINE,
-                                  f"the baseline result has no {metric} to compare with", {"metric": metric}))
-            continue
-        cmp = stats.compare_samples(cand_samples, base_samples, direction, metric=metric,
-                                    max_regression=reg.max_regression, alpha=reg.alpha,
-                                    min_samples=reg.min_samples, noise_floor=reg.noise_floor)
-        if cmp.method == "none":
-            reasons.append(Reason("regression", case.case_id, NO_BASELINE, f"{metric}: {cmp.message}",
-                                  cmp.figures()))
-            continue
-        reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
-                              f"{metric} {cmp.message}", cmp.figures()))
+        for metric in reg.metrics_for(case.kind):
+            cand_samples = _series(result, metric)
+            if not cand_samples:
+                if result.status == "passed":
+                    reasons.append(Reason("regression", case.case_id, FAIL,
+                                          f"the result has no {metric} (samples or figure) to compare with the "
+                                          "baseline", {"metric": metric}))
+                continue  # a failed case without the figure is the completeness check's
+            base = baseline.get(case.case_id)
+            why = _unusable_baseline(result, base, metric)
+            if why:
+                reasons.append(Reason("regression", case.case_id, unusable, f"{metric}: {why}{suffix}",
+                                      {"metric": metric}))
+                continue
+            assert base is not None
+            cmp = stats.compare_samples(cand_samples, _series(base, metric), metric_info.direction(metric),
+                                        metric=metric, max_regression=reg.max_regression, alpha=reg.alpha,
+                                        min_samples=reg.min_samples, noise_floor=reg.noise_floor)
+            if cmp.method == "none":
+                reasons.append(Reason("regression", case.case_id, unusable, f"{metric}: {cmp.message}{suffix}",
+                                      cmp.figures()))
+                continue
+            reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
+                                  f"{metric} {cmp.message}", cmp.figures()))
+    return reasons
+
+
+def _unusable_baseline(result: ResultData, base: ResultData | None, metric: str) -> str | None:
+    """Why the baseline result cannot be compared with this one (None when it can)."""
+    if base is None:
+        return "the baseline run has no result for this case"
+    if base.status != "passed":
+        return f"the baseline result is {base.status} ({base.error_class or 'no error class'})"
+    diffs = fingerprint_differences(result.fingerprint, base.fingerprint)
+    if diffs:
+        return "not like for like, the fingerprints differ: " + "; ".join(diffs[:6]) + (
+            f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+    if not _series(base, metric):
+        return f"the baseline result has no {metric}"
+    return None
+
+
+def check_retries(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """Every case that needed more than one attempt is shown (a flaky pass is still a pass, but visible)."""
+    reasons = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is not None and result.attempts > 1:
+            reasons.append(Reason("retries", case.case_id, PASS,
+                                  f"{result.attempts} attempts (infrastructure retries); final: {result.status}",
+                                  {"attempts": result.attempts}))
     return reasons
 
 
@@ -399,25 +467,25 @@ def check_variant_gains(policy: GatePolicy, cases: Sequence[Case], results: Mapp
                 reasons.append(Reason("variant_gain", variant_id, INCOMPLETE if gain.enforce else PASS,
                                       msg + ("" if gain.enforce else " (not enforced)"), figures))
                 continue
-            med_v = stats.median(_series(results[variant_id], gain.metric))
-            med_b = stats.median(_series(results[base_id], gain.metric))
-            assert med_v is not None and med_b is not None
-            if med_b <= 0 or med_v <= 0:
+            interval = stats.gain_interval(_series(results[variant_id], gain.metric),
+                                           _series(results[base_id], gain.metric), direction)
+            if interval is None:
                 reasons.append(Reason("variant_gain", variant_id, INCOMPLETE if gain.enforce else PASS,
-                                      f"{label}: median {gain.metric} is not positive ({_fmt(med_v)} vs {_fmt(med_b)})",
-                                      figures))
+                                      f"{label}: median {gain.metric} is not positive", figures))
                 continue
-            # positive gain = better, whichever way the metric points
-            value = med_v / med_b - 1 if direction == "higher" else med_b / med_v - 1
-            figures.update({"gain": value, "median_variant": med_v, "median_baseline": med_b})
-            ok = value >= gain.min_gain
-            msg = (f"{label}: gain {_pct(value)} (median {gain.metric} {_fmt(med_v)} vs {_fmt(med_b)}), "
-                   f"required {_pct(gain.min_gain)}")
+            figures.update({"gain": interval.gain, "gain_low": interval.low, "gain_high": interval.high,
+                            "confidence": interval.confidence, "n_variant": interval.n_variant,
+                            "n_baseline": interval.n_baseline})
+            outcome = interval.judge(gain.min_gain)
+            msg = (f"{label}: gain {_pct(interval.gain)} ({interval.confidence:.0%} interval "
+                   f"{_pct(interval.low)} .. {_pct(interval.high)}), required {_pct(gain.min_gain)}: "
+                   + {"met": "met", "missed": "missed", "inconclusive": "inconclusive (the interval spans the "
+                      "requirement: more samples are needed to tell)"}[outcome])
             if not gain.enforce:
                 msg += " (reported only, not enforced)"
                 status = PASS
             else:
-                status = PASS if ok else FAIL
+                status = {"met": PASS, "missed": FAIL, "inconclusive": INCOMPLETE}[outcome]
             reasons.append(Reason("variant_gain", variant_id, status, msg, figures))
     return reasons
 

@@ -20,6 +20,7 @@ from qualify.gate.checks import (
     check_components,
     check_probes,
     check_regression,
+    check_retries,
     check_thresholds,
     check_variant_gains,
 )
@@ -70,11 +71,13 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
              components: Sequence[ComponentData] = (),
              baseline: Mapping[str, ResultData] | Sequence[ResultData] | None = None, *,
              today: dt.date, expected_components: Sequence[Component] = (),
-             waivers: Sequence[Waiver] | None = None, baseline_label: str = "") -> Judgement:
+             waivers: Sequence[Waiver] | None = None, baseline_label: str = "",
+             previous_named: bool | None = None) -> Judgement:
     """Judge one run.
 
-    ``baseline`` is the previous release's results by case id, or None when there is no
-    previous release run (the regression check then says NO-BASELINE and does not fail).
+    ``baseline`` is the previous release's results by case id, or None when there is no usable
+    baseline run. ``previous_named`` says whether the release names a previous tag (then a missing
+    baseline is INCOMPLETE unless the policy makes it optional; see check_regression).
     ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
     """
     current = _index(results)
@@ -85,8 +88,9 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_thresholds(policy, cases, current)
     reasons += check_agreement(policy, cases, current)
     reasons += check_probes(policy, cases, current)
-    reasons += check_regression(policy, cases, current, base, baseline_label)
+    reasons += check_regression(policy, cases, current, base, baseline_label, previous_named=previous_named)
     reasons += check_variant_gains(policy, cases, current)
+    reasons += check_retries(cases, current)
     reasons = apply_waivers(reasons, policy.waivers if waivers is None else waivers, today)
     return Judgement(decide(reasons), reasons)
 

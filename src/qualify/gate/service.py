@@ -31,7 +31,7 @@ class GateError(BadInput):
 @dataclass
 class Evaluation:
     run_id: int
-    decision: GateDecision
+    decision: GateDecision | None  # None for a dry evaluation
     judgement: Judgement
     baseline_run_id: int | None
     release: Release
@@ -45,9 +45,14 @@ def stored_release(run: Run) -> Release:
     return loaded.release
 
 
-def evaluate_run(session: Session, run_id: int, *, today: dt.date | None = None) -> Evaluation:
+def evaluate_run(session: Session, run_id: int, *, today: dt.date | None = None, record: bool = True) -> Evaluation:
     """Evaluate run_id against its stored policy and the previous release; record the decision
-    (flushed, not committed: the caller commits)."""
+    (flushed, not committed: the caller commits). A decision is recorded only when judged as of today:
+    a dry evaluation (record=False) may use another date and is never stored, so it can never be
+    the PASS that `gate check` or `promote` trusts."""
+    if record and today is not None and today != dt.date.today():
+        raise GateError(f"a decision judged as of {today} instead of today cannot be recorded: "
+                        "evaluate it dry (--dry-run) to see what that date would give")
     run = repo.get_run(session, run_id)
     if run is None:
         raise GateError(f"no run {run_id}")
@@ -55,29 +60,35 @@ def evaluate_run(session: Session, run_id: int, *, today: dt.date | None = None)
     cases = expand(release)
     results = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, run.id)}
     components = [ComponentData.from_row(c) for c in repo.component_checks(session, run.id)]
-    base_run = repo.baseline_run(session, release.release.repository, release.release.previous_tag)
+    previous = release.release.previous_tag
+    base_run = repo.baseline_run(session, release.release.repository, previous)
     if base_run is not None and base_run.id == run.id:
         base_run = None
     baseline: dict[str, ResultData] | None = None
-    label = f"previous tag {release.release.previous_tag}" if release.release.previous_tag else "no previous_tag"
+    label = ""
     if base_run is not None:
         baseline = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, base_run.id)}
-    elif release.release.previous_tag:
-        label += " has no run in the database"
-    verdict = evaluate(release.gate, cases, results, components, baseline,
-                       today=today or dt.date.today(), expected_components=release.components,
-                       baseline_label=label)
-    decision = repo.record_decision(session, run, verdict.verdict, verdict.reason_dicts(),
-                                    policy_sha256(release), base_run.id if base_run else None)
-    return Evaluation(run.id, decision, verdict, base_run.id if base_run else None, release)
+        label = f"run {base_run.id} of {release.release.repository}:{previous}"
+    elif previous:
+        label = (f"{release.release.repository}:{previous} has no run whose latest decision is PASS "
+                 "(check release.previous_tag and release.repository)")
+    judgement = evaluate(release.gate, cases, results, components, baseline,
+                         today=today or dt.date.today(), expected_components=release.components,
+                         baseline_label=label, previous_named=bool(previous))
+    decision = None
+    if record:
+        decision = repo.record_decision(session, run, judgement.verdict, judgement.reason_dicts(),
+                                        policy_sha256(release), base_run.id if base_run else None)
+    return Evaluation(run.id, decision, judgement, base_run.id if base_run else None, release)
 
 
 def evaluate_and_commit(session_factory: Callable[[], Session], run_id: int, *,
-                        today: dt.date | None = None) -> Evaluation:
-    """evaluate_run in its own session, committed."""
+                        today: dt.date | None = None, record: bool = True) -> Evaluation:
+    """evaluate_run in its own session, committed (nothing to commit for a dry evaluation)."""
     with session_factory() as session:
-        evaluation = evaluate_run(session, run_id, today=today)
-        session.commit()
+        evaluation = evaluate_run(session, run_id, today=today, record=record)
+        if record:
+            session.commit()
         return evaluation
 
 

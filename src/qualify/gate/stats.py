@@ -154,3 +154,59 @@ def compare_samples(candidate: Sequence[float], baseline: Sequence[float], direc
            + ("regression" if regressed else "no regression beyond the noise floor"))
     return Comparison(**common, ratio=ratio, worse=worse, p_value=None, method="ratio-only",
                       tolerance=tolerance, regressed=regressed, message=msg)
+
+
+# --------------------------------------------------------------------------- gains
+
+
+@dataclass(frozen=True)
+class GainInterval:
+    """A variant's relative gain over its baseline (positive = better) with a bootstrap interval."""
+
+    gain: float  # of the medians
+    low: float
+    high: float
+    confidence: float
+    n_variant: int
+    n_baseline: int
+
+    def judge(self, required: float) -> Literal["met", "missed", "inconclusive"]:
+        if self.low >= required:
+            return "met"
+        if self.high < required:
+            return "missed"
+        return "inconclusive"
+
+
+def _gain(variant_median: float, baseline_median: float, direction: Direction) -> float:
+    return variant_median / baseline_median - 1 if direction == "higher" else baseline_median / variant_median - 1
+
+
+def gain_interval(variant: Sequence[float], baseline: Sequence[float], direction: Direction, *,
+                  confidence: float = 0.90, resamples: int = 2000, seed: int = 0) -> GainInterval | None:
+    """Percentile-bootstrap interval of the gain of medians (each side resampled independently).
+
+    Deterministic (fixed seed), so re-judging a run gives the same answer. None when a side is empty
+    or a median is not positive. With one sample per side the interval is the point itself.
+    """
+    import random
+
+    var = [float(v) for v in variant if v is not None and math.isfinite(float(v))]
+    base = [float(v) for v in baseline if v is not None and math.isfinite(float(v))]
+    if not var or not base:
+        return None
+    mv, mb = statistics.median(var), statistics.median(base)
+    if mv <= 0 or mb <= 0:
+        return None
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(resamples):
+        bv = statistics.median(rng.choices(var, k=len(var)))
+        bb = statistics.median(rng.choices(base, k=len(base)))
+        if bv > 0 and bb > 0:
+            draws.append(_gain(bv, bb, direction))
+    draws.sort()
+    tail = (1 - confidence) / 2
+    low = draws[int(tail * (len(draws) - 1))]
+    high = draws[int((1 - tail) * (len(draws) - 1))]
+    return GainInterval(_gain(mv, mb, direction), low, high, confidence, len(var), len(base))

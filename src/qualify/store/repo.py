@@ -6,7 +6,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -137,14 +137,14 @@ def component_checks(session: Session, run_id: int) -> Sequence[ComponentCheck]:
 def record_case_result(session: Session, run_id: int, *, case_id: str, kind: str, model: str | None,
                        variant: str | None, doc: dict[str, Any], attempts: int = 1,
                        queue_wait_s: float | None = None, exec_s: float | None = None,
-                       node: str | None = None) -> CaseResult:
+                       node: str | None = None, fingerprint: dict[str, Any] | None = None) -> CaseResult:
     """Insert the final result of one case; a second result for the same (run, case) is refused."""
     row = CaseResult(run_id=run_id, case_id=case_id, kind=kind, model=model, variant=variant,
                      status=doc["status"], error_class=doc.get("error_class"), error=doc.get("error"),
                      metrics=doc.get("metrics") or {}, samples=doc.get("samples") or {},
                      probes=doc.get("probes") or {}, environment=doc.get("environment") or {},
                      log_tail=(doc.get("log_tail") or "")[-8000:], attempts=attempts,
-                     queue_wait_s=queue_wait_s, exec_s=exec_s, node=node)
+                     queue_wait_s=queue_wait_s, exec_s=exec_s, node=node, fingerprint=fingerprint)
     try:
         with session.begin_nested():  # a savepoint: a duplicate undoes only this insert
             session.add(row)
@@ -173,20 +173,23 @@ def results_for_release_case(session: Session, repository: str, tag: str, case_i
 
 
 def baseline_run(session: Session, repository: str, previous_tag: str | None) -> Run | None:
-    """The previous release's reference run: its newest run with a PASS decision, else its newest finished run."""
+    """The previous release's reference run: its newest run (by id) whose LATEST decision (by id) is PASS.
+
+    Nothing else counts: not an older PASS of a run judged FAIL since, not a finished run without a
+    PASS, and never an order taken from a client's clock.
+    """
     if not previous_tag:
         return None
     release = session.scalar(select(Release).where(Release.repository == repository, Release.tag == previous_tag))
     if release is None:
         return None
-    passed = session.scalar(
-        select(Run).join(GateDecision, GateDecision.run_id == Run.id)
-        .where(Run.release_id == release.id, GateDecision.verdict == Verdict.PASS)
-        .order_by(GateDecision.decided_at.desc()).limit(1))
-    if passed is not None:
-        return passed
-    return session.scalar(select(Run).where(Run.release_id == release.id, Run.finished_at.is_not(None))
-                          .order_by(Run.id.desc()).limit(1))
+    latest = (select(GateDecision.run_id, func.max(GateDecision.id).label("decision_id"))
+              .join(Run, Run.id == GateDecision.run_id).where(Run.release_id == release.id)
+              .group_by(GateDecision.run_id).subquery())
+    return session.scalar(
+        select(Run).join(latest, latest.c.run_id == Run.id)
+        .join(GateDecision, GateDecision.id == latest.c.decision_id)
+        .where(GateDecision.verdict == Verdict.PASS).order_by(Run.id.desc()).limit(1))
 
 
 # --------------------------------------------------------------------------- gate decisions
@@ -204,7 +207,7 @@ def record_decision(session: Session, run: Run, verdict: str, reasons: list[dict
 
 def latest_decision(session: Session, run_id: int) -> GateDecision | None:
     return session.scalar(select(GateDecision).where(GateDecision.run_id == run_id)
-                          .order_by(GateDecision.decided_at.desc(), GateDecision.id.desc()).limit(1))
+                          .order_by(GateDecision.id.desc()).limit(1))
 
 
 def decisions(session: Session, run_id: int) -> Sequence[GateDecision]:
@@ -215,13 +218,13 @@ def decisions(session: Session, run_id: int) -> Sequence[GateDecision]:
 def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | None:
     """The newest decision about a digest (one indexed query on (digest, verdict, decided_at))."""
     return session.scalar(select(GateDecision).where(GateDecision.digest == digest)
-                          .order_by(GateDecision.decided_at.desc(), GateDecision.id.desc()).limit(1))
+                          .order_by(GateDecision.id.desc()).limit(1))
 
 
 def latest_pass_for_digest(session: Session, digest: str) -> GateDecision | None:
     """The latest passing decision for digest D (single indexed query)."""
     return session.scalar(select(GateDecision).where(GateDecision.digest == digest, GateDecision.verdict == Verdict.PASS)
-                          .order_by(GateDecision.decided_at.desc(), GateDecision.id.desc()).limit(1))
+                          .order_by(GateDecision.id.desc()).limit(1))
 
 
 # --------------------------------------------------------------------------- promotions

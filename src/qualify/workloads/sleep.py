@@ -2,8 +2,9 @@
 
 params: duration_s (sleep this long), exit_code (exit with it and no document),
 hang (sleep far past any timeout), fail (report status failed), kill_self_after_s
-(die by SIGKILL: a lost process), kill_once_marker (die only while this file is absent: a
-transient fault that a retry outlives).
+(die by SIGKILL, as the kernel's OOM killer does), signal (die by this signal, e.g. SEGV),
+kill_worker_once_marker (kill the process that launched the workload -- the executor's worker --
+only while this file is absent: a lost worker, the infrastructure fault a retry outlives).
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
     duration = float(params.get("duration_s", 1.0))
     if duration < 0:
         raise protocol.BadCase(f"params.duration_s must be >= 0, got {duration}")
-    marker = params.get("kill_once_marker")
+    marker = params.get("kill_worker_once_marker")
     if marker and not os.path.exists(marker):
         open(marker, "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(0)
+    if params.get("signal"):
+        name = str(params["signal"]).upper()
+        os.kill(os.getpid(), getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
     if params.get("kill_self_after_s") is not None:
         time.sleep(float(params["kill_self_after_s"]))
         os.kill(os.getpid(), signal.SIGKILL)

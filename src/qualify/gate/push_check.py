@@ -1,0 +1,99 @@
+"""`gate check`: may this image reference be pushed? Same rules for the CLI and any service.
+
+PASS only when (1) the digest's LATEST decision (by id) is PASS, (2) the reference's repository is
+the one that was qualified or one of its promotion targets (a digest qualified as `a/b` does not
+make `evil/thing@<digest>` qualified), (3) a tag, when given, resolves to that digest (the caller
+resolves it), and (4) the release name and policy hash match when the caller requires them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from qualify.imageref import ImageRef, InvalidReference, parse_reference
+from qualify.manifest_load import ManifestError
+from qualify.outcomes import CheckStatus, Verdict
+from qualify.store import repo
+from qualify.store.models import Run
+
+
+@dataclass
+class PushCheck:
+    reference: str
+    digest: str
+    verdict: Verdict | None  # the digest's latest decision, None when never judged
+    decision: int | None = None
+    run: int | None = None
+    release: str | None = None
+    policy_sha256: str | None = None
+    decided_at: dt.datetime | None = None
+    overrides_pass_decision: int | None = None
+    reasons: list[dict[str, Any]] = field(default_factory=list)  # the decision's FAIL/INCOMPLETE reasons
+    problems: list[str] = field(default_factory=list)  # why this reference is refused despite the verdict
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == Verdict.PASS and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "digest": self.digest, "ok": self.ok,
+                "verdict": self.verdict, "decision": self.decision, "run": self.run, "release": self.release,
+                "policy_sha256": self.policy_sha256,
+                "decided_at": self.decided_at.isoformat() if self.decided_at else None,
+                "overrides_pass_decision": self.overrides_pass_decision, "reasons": self.reasons,
+                "problems": self.problems}
+
+
+def qualified_repositories(run: Run) -> set[str]:
+    """Where the run's digest may be pushed: the release repository, the candidate's, and every target's."""
+    names = {_name(run.release.repository)}
+    if run.image is not None:
+        names.add(_name(run.image.repository))
+    try:
+        targets = repo.run_manifest(run).release.expanded_targets()
+    except ManifestError:
+        targets = []
+    for target in targets:
+        names.add(_name(target.reference))
+    names.discard(None)
+    return {n for n in names if n}
+
+
+def _name(reference: str) -> str | None:
+    try:
+        return parse_reference(reference).name
+    except InvalidReference:
+        return None
+
+
+def check_push(session: Session, ref: ImageRef, digest: str, *, tag_digest: str | None = None,
+               release_name: str | None = None, policy_sha256: str | None = None) -> PushCheck:
+    """Judge a reference whose digest is known (`tag_digest`: what its tag resolves to, when it has one)."""
+    out = PushCheck(reference=str(ref), digest=digest, verdict=None)
+    if ref.tag and tag_digest is not None and tag_digest != digest:
+        out.problems.append(f"tag {ref.tag} resolves to {tag_digest}, not {digest}")
+    latest = repo.latest_decision_for_digest(session, digest)
+    if latest is None:
+        return out
+    run = repo.get_run(session, latest.run_id)
+    assert run is not None
+    out.verdict = Verdict(latest.verdict)
+    out.decision, out.run, out.decided_at = latest.id, latest.run_id, latest.decided_at
+    out.release, out.policy_sha256 = f"{run.release.name}:{run.release.tag}", latest.policy_sha256
+    out.reasons = [r for r in latest.reasons or [] if r.get("status") in (CheckStatus.FAIL, CheckStatus.INCOMPLETE)]
+    if out.verdict != Verdict.PASS:
+        earlier = repo.latest_pass_for_digest(session, digest)
+        out.overrides_pass_decision = earlier.id if earlier else None
+    allowed = qualified_repositories(run)
+    if ref.name not in allowed:
+        out.problems.append(f"repository {ref.name} is not where {digest} was qualified "
+                            f"(qualified for: {', '.join(sorted(allowed))})")
+    if release_name is not None and run.release.name != release_name:
+        out.problems.append(f"the decision is about release {run.release.name!r}, not {release_name!r}")
+    if policy_sha256 is not None and not (latest.policy_sha256 or "").startswith(policy_sha256):
+        out.problems.append(f"the decision applied policy {latest.policy_sha256[:12]}, not {policy_sha256}")
+    return out

@@ -1,0 +1,46 @@
+"""A workload that reports the samples it is given: exercises the gate end to end in seconds.
+
+params:
+  samples: {metric: [values, ...]}   each metric's figure is the median of its samples; samples stored
+  fail: <error class>                 report a failed result of that class (e.g. low_agreement, nan_loss)
+  signal: SEGV                        die by that signal (a crash the executor must classify)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+from typing import Any
+
+from qualify.workloads import protocol
+
+
+def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
+    params = case.get("params") or {}
+    if params.get("signal"):
+        name = str(params["signal"]).upper()
+        signum = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
+        if not isinstance(signum, int):
+            raise protocol.BadCase(f"params.signal: {params['signal']!r} is not a signal name")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signum)
+    samples = params.get("samples") or {}
+    if not isinstance(samples, dict) or not all(
+            isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+            for v in samples.values()):
+        raise protocol.BadCase("params.samples must map metric names to non-empty lists of numbers")
+    metrics = {name: statistics.median(float(x) for x in values) for name, values in samples.items()}
+    series = {name: [float(x) for x in values] for name, values in samples.items()}
+    if params.get("fail"):
+        error_class = str(params["fail"])
+        if error_class not in protocol.ERROR_CLASSES:
+            raise protocol.BadCase(f"params.fail: {error_class!r} is not one of {protocol.ERROR_CLASSES}")
+        return {"status": "failed", "error_class": error_class, "error": f"asked to fail as {error_class}",
+                "metrics": metrics, "samples": series, "environment": protocol.environment_base()}
+    return {"status": "passed", "metrics": metrics, "samples": series, "environment": protocol.environment_base()}
+
+
+if __name__ == "__main__":
+    sys.exit(protocol.run_workload("synthetic", handler))
