@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qualify.workloads.protocol import BadCase
-from qualify.workloads.train_models import PRESETS
+from qualify.workloads.train.models import PRESETS
 
 LAUNCHERS = ("auto", "none", "deepspeed", "torchrun")
 DTYPES = ("bf16", "fp32")

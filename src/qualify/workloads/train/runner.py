@@ -1,31 +1,7 @@
-"""Training-throughput workload: `python -m qualify.workloads.train --case CASE.json`.
+"""The training workload's case handler: relaunch per device, or train in this process.
 
-Trains a decoder LM (a preset architecture with random weights, or a HF config.json)
-through DeepSpeed for warm-up + repeats x steps optimizer steps and reports
-throughput, step-time spread, model TFLOP/s per device, MFU, memory and loss as one
-result document (qualify.workloads.protocol). Runs inside the candidate image:
-standard library, torch, deepspeed and transformers only.
-
-`python -m qualify.workloads.train --describe PRESET --seq-len T` prints the
-parameter counts and model FLOPs per token (meta device, nothing allocated).
-
-Choices:
-- The optimizer is a plain torch.optim.AdamW handed to deepspeed.initialize, so no
-  DeepSpeed op (CPUAdam/FusedAdam) has to be compiled; a deepspeed_config with its
-  own "optimizer" section is honoured instead. On CPU DeepSpeed still builds its shm
-  comm op once (cached under TORCH_EXTENSIONS_DIR).
-- compile=true wraps the model in torch.compile before deepspeed.initialize (what
-  the HF Trainer does); the first step's extra time is compile_time_s.
-- Activation checkpointing uses transformers' per-layer checkpointing (non-reentrant);
-  the environment reports how many layers really checkpoint, and the metric
-  activation_saved_bytes (bytes autograd keeps after one micro-batch forward) shows its
-  memory effect without depending on the allocator.
-- Measurement: threads set with torch.set_num_threads (default: every core this process
-  may use, shared by the ranks of a node), warm-up steps, then repeats x steps timed
-  optimizer steps with cyclic GC paused inside a repeat; medians and spread reported.
-  On a shared 2-core machine num_threads=1 is far steadier (benchmarks/train_noise.py).
-- peak_memory_bytes: CUDA max allocated on a GPU, the process's peak RSS on CPU
-  (environment.memory_measure says which).
+`handle` is what protocol.run_workload calls; `main` is the entry point of
+`python -m qualify.workloads.train` (see the package docstring for the choices made).
 """
 
 from __future__ import annotations
@@ -46,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qualify.workloads import protocol
-from qualify.workloads.train_env import (default_cache_dirs, device_facts, limit_memory,
+from qualify.workloads.train.env import (default_cache_dirs, device_facts, limit_memory,
                                          recorded_env, redact)
-from qualify.workloads.train_launch import (choose_launcher, free_port, is_launched,
+from qualify.workloads.train.launch import (choose_launcher, free_port, is_launched,
                                             launch_command, relaunch, single_process_env)
-from qualify.workloads.train_mfu import lookup_peak, mfu
-from qualify.workloads.train_params import (TrainParams, available_cores, check_against_model,
+from qualify.workloads.train.mfu import lookup_peak, mfu
+from qualify.workloads.train.params import (TrainParams, available_cores, check_against_model,
                                             deepspeed_config, effective_dtype, parse_params)
 
 
@@ -174,7 +150,7 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
     import transformers
     from deepspeed.accelerator import get_accelerator
 
-    from qualify.workloads import train_models as tm
+    from qualify.workloads.train import models as tm
 
     config = tm.build_config(tm.config_dict(p.model, p.model_config_path))
     check_against_model(p, config.num_hidden_layers,
@@ -217,8 +193,8 @@ def _build(s: _Setup, log: logging.Logger):
     import deepspeed
     import torch
 
-    from qualify.workloads import train_models as tm
-    from qualify.workloads.train_measure import saved_activation_bytes
+    from qualify.workloads.train import models as tm
+    from qualify.workloads.train.measure import saved_activation_bytes
 
     p, env = s.p, s.env
     t0 = time.monotonic()
@@ -299,8 +275,8 @@ class _Stepper:
 
 def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
     """Warm up, then repeats x steps timed steps; the result fields."""
-    from qualify.workloads import train_models as tm
-    from qualify.workloads.train_measure import peak_memory, summarize
+    from qualify.workloads.train import models as tm
+    from qualify.workloads.train.measure import peak_memory, summarize
 
     p, env, config = s.p, s.env, s.config
     step = _Stepper(s, engine, fixed)
@@ -399,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     args, rest = ap.parse_known_args(argv)
     if args.describe or args.config:
-        from qualify.workloads.train_models import config_dict, describe
+        from qualify.workloads.train.models import config_dict, describe
 
         try:
             fields = config_dict(args.describe, args.config)
@@ -414,6 +390,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = sys.stderr
     return protocol.run_workload("train", handle, rest)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ import resource
 import subprocess
 from typing import Any
 
-from qualify.workloads.train_models import estimate_state_bytes
+from qualify.workloads.train.models import estimate_state_bytes
 
 # Variables worth recording even when the case did not pass them (communication
 # libraries and the image's optimisation switches, e.g. CHECKPOINT_OPTIMIZATION).
