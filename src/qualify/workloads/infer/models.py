@@ -2,7 +2,7 @@
 
 Tiny presets are small configs of the release's model families (Qwen3, Llama 3,
 Qwen3-MoE for the MoE path). They have no published weights, so they are trained
-briefly on the seed's synthetic language (infer_corpus.MarkovLanguage) and cached on
+briefly on the seed's synthetic language (corpus.MarkovLanguage) and cached on
 disk under $QUALIFY_CACHE_DIR/infer (default ~/.cache/qualify/infer), keyed by preset,
 seed, steps and corpus version; a cached directory is an ordinary Hugging Face model
 directory (save_pretrained) plus qualify-preset.json, so it also loads as a path.
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from qualify.workloads.infer_corpus import (CORPUS_VERSION, STREAM_EVAL, STREAM_PROBES, STREAM_PROMPTS,
+from qualify.workloads.infer.corpus import (CORPUS_VERSION, STREAM_EVAL, STREAM_PROBES, STREAM_PROMPTS,
                                             STREAM_TRAIN, MarkovLanguage, text_token_stream, seeded_generator)
 from qualify.workloads.protocol import BadCase
 

@@ -1,6 +1,7 @@
 """Validation of the inference workload's case parameters (case["params"]).
 
-Runs inside the candidate image: standard library and qualify.workloads.protocol only.
+Runs inside the candidate image: standard library, qualify.workloads.protocol and the engine
+registry (standard library too) only.
 Every problem raises protocol.BadCase naming the offending parameter.
 """
 
@@ -9,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from qualify.workloads.infer import engines
 from qualify.workloads.protocol import BadCase
 
-ENGINES = ("transformers", "vllm")
+ENGINES = tuple(engines.ENGINES)  # the registry's names (engines/__init__.py)
 # Quantized on the fly with torchao (transformers engine) or read from a pre-quantized
 # checkpoint (vllm engine, e.g. compressed-tensors W8A8 / W8A16).
 TORCHAO_SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
@@ -96,8 +98,7 @@ def parse_params(params: Any) -> InferParams:
         raise BadCase(f"{unknown[0]}: unknown parameter (known: {', '.join(sorted(_KNOWN))})")
 
     engine = params.get("engine", "transformers")
-    if engine not in ENGINES:
-        raise BadCase(f"engine: {engine!r} is not one of {ENGINES}")
+    engines.check_name(engine)
     model = params.get("model")
     if not isinstance(model, str) or not model:
         raise BadCase("model: required (a preset name or a path to a model directory)")
