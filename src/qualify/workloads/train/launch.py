@@ -7,11 +7,12 @@ running anything); `relaunch` runs the command and hands back rank 0's document.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 from typing import Any
+
+from qualify.workloads.procs import kill_group
 
 MODULE = "qualify.workloads.train"
 LAUNCHED_MARK = "QUALIFY_TRAIN_LAUNCHED"
@@ -81,22 +82,10 @@ def relaunch(cmd: list[str], timeout_s: float | None, log) -> tuple[int, str]:
     try:
         stdout, _ = proc.communicate(timeout=timeout_s)
     except BaseException:
-        _kill_group(proc)
+        # The launcher forwards SIGTERM to its workers; give them time to stop.
+        kill_group(proc, grace_s=15, kill_wait_s=5)
         raise
     return proc.returncode, stdout
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.communicate(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def launch_info(launcher: str, cmd: list[str] | None) -> dict[str, Any]:

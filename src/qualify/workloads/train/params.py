@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from qualify.workloads.merge import deep_merge
 from qualify.workloads.protocol import BadCase
 from qualify.workloads.train.models import PRESETS
 
@@ -177,16 +178,6 @@ def check_against_model(p: TrainParams, layers: int, max_positions: int | None) 
                       f"{max_positions}")
 
 
-def _deep_merge(base: dict, top: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in top.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
 def deepspeed_config(p: TrainParams) -> dict[str, Any]:
     """The DeepSpeed config: the case's deepspeed_config merged under the switches.
 
@@ -207,7 +198,7 @@ def deepspeed_config(p: TrainParams) -> dict[str, Any]:
     if "zero_stage" in p.explicit or "stage" not in zero:
         zero["stage"] = p.zero_stage
     if "dtype" in p.explicit or ("bf16" not in cfg and "fp16" not in cfg):
-        cfg = _deep_merge(cfg, {"bf16": {"enabled": p.dtype == "bf16"}})
+        cfg = deep_merge(cfg, {"bf16": {"enabled": p.dtype == "bf16"}})
         if p.dtype == "bf16":
             cfg.setdefault("fp16", {})["enabled"] = False
     # A torch optimizer is passed to deepspeed.initialize (no op to compile); ZeRO
