@@ -52,7 +52,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Sequence
 
-Direction = Literal["higher", "lower"]
+from qualify.metrics import Direction
 
 # The defaults the simulation proves (see module docstring). The manifest's RegressionPolicy
 # should carry the same values.

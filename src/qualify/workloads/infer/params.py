@@ -21,6 +21,13 @@ TORCHAO_SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
 # w4a16, GPTQ w4a16/w8a16 and per-token/per-channel a8w8).
 PREQUANTIZED_SCHEMES = ("awq-w4a16", "gptq-w4a16", "gptq-w8a16")
 SCHEMES = TORCHAO_SCHEMES + PREQUANTIZED_SCHEMES
+# What a release manifest may ask of each engine (the manifest's check; "none" is the
+# unquantized reference). parse_params is wider for vllm: that engine reads the scheme of
+# any compressed-tensors checkpoint it is given (engines/vllm_adapter.checkpoint_scheme).
+ENGINE_SCHEMES: dict[str, frozenset[str]] = {
+    "transformers": frozenset(TORCHAO_SCHEMES),
+    "vllm": frozenset(("none", "w8a8") + PREQUANTIZED_SCHEMES),
+}
 PROBES = ("prefix_cache", "max_model_len", "degenerate")
 INJECTIONS = ("reference_seed", "corrupt_weights", "break_kv_cache")
 

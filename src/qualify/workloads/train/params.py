@@ -93,17 +93,30 @@ def _choice(params: dict, name: str, choices: tuple[str, ...]) -> None:
         raise BadCase(f"param {name}: must be one of {', '.join(choices)}, got {params[name]!r}")
 
 
+def prefetch_bucket_problem(ds_config: dict[str, Any]) -> str | None:
+    """The release note's ZeRO-3 rule, the one definition (the manifest applies it too).
+
+    training-xpu-pytorch 25.05 usage notes: leave zero_optimization.stage3_prefetch_bucket_size
+    empty or set it to auto. Returns what is wrong with ds_config, or None.
+    """
+    zero = ds_config.get("zero_optimization") or {}
+    if not isinstance(zero, dict) or "stage3_prefetch_bucket_size" not in zero:
+        return None
+    bucket = zero["stage3_prefetch_bucket_size"]
+    if bucket in (None, "", "auto"):
+        return None
+    return (f"zero_optimization.stage3_prefetch_bucket_size is {bucket!r}: "
+            "the release note requires it empty or 'auto'")
+
+
 def check_release_rules(ds_config: dict[str, Any]) -> None:
     """Rules from the image's release note that a DeepSpeed config must follow."""
     zero = ds_config.get("zero_optimization") or {}
     if not isinstance(zero, dict):
         raise BadCase("param deepspeed_config: zero_optimization must be an object")
-    value = zero.get("stage3_prefetch_bucket_size", None)
-    # training-xpu-pytorch 25.05 usage notes: leave stage3_prefetch_bucket_size empty
-    # or set it to auto.
-    if value not in (None, "", "auto"):
-        raise BadCase("param deepspeed_config: zero_optimization.stage3_prefetch_bucket_size "
-                      f"must be empty or \"auto\" (release note), got {value!r}")
+    problem = prefetch_bucket_problem(ds_config)
+    if problem:
+        raise BadCase(f"param deepspeed_config: {problem}")
 
 
 def parse_params(params: dict[str, Any]) -> TrainParams:
