@@ -20,8 +20,9 @@ WORKLOADS = REPO / "src" / "qualify" / "workloads"
 WORKLOADS_PACKAGE = "qualify.workloads"
 IMAGE_PACKAGES = {"torch", "deepspeed", "transformers", "torchao", "vllm", "numpy", "safetensors"}
 # Imported by the orchestrator too (manifest, cases, executors): standard library at import time.
-STDLIB_AT_IMPORT = ("qualify.workloads.protocol", "qualify.workloads.infer.params",
-                    "qualify.workloads.train.params")
+STDLIB_AT_IMPORT = ("qualify.workloads.protocol", "qualify.workloads.settings", "qualify.workloads.procs",
+                    "qualify.workloads.merge", "qualify.workloads.infer.params",
+                    "qualify.workloads.infer.engines", "qualify.workloads.train.params")
 
 
 def workload_files(root: Path = WORKLOADS) -> list[Path]:
@@ -76,7 +77,7 @@ def test_workload_imports_only_stdlib_and_image_packages(path: Path) -> None:
 
 def test_walker_sees_every_subpackage() -> None:
     seen = {str(p.relative_to(WORKLOADS)) for p in workload_files()}
-    assert {"protocol.py", "train/__main__.py", "train/runner.py",
+    assert {"protocol.py", "settings.py", "procs.py", "merge.py", "train/__main__.py", "train/runner.py",
             "infer/__main__.py", "infer/engines/__init__.py", "infer/engines/hf.py",
             "infer/engines/vllm_adapter.py"} <= seen
 
@@ -115,6 +116,23 @@ def test_orchestrator_side_modules_import_only_the_standard_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_only_settings_reads_the_environment() -> None:
+    # WorkloadSettings is the one reader of os.environ / os.getenv under workloads/, apart from
+    # the writes (protocol applies the case's env; train exports caches and rendezvous), the
+    # relaunch handing its environment to the workers, the record of the run's variables
+    # (train/env.recorded_env) and the probe's case-named variables.
+    allowed = {"settings.py": 1, "protocol.py": 1, "train/runner.py": 2, "train/launch.py": 1,
+               "train/env.py": 1, "probe.py": 1}
+    counts = {}
+    for path in workload_files():
+        n = sum(1 for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb")
+                and isinstance(node.value, ast.Name) and node.value.id == "os")
+        if n:
+            counts[str(path.relative_to(WORKLOADS))] = n
+    assert counts == allowed
 
 
 def test_package_root_imports_nothing() -> None:

@@ -10,14 +10,12 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 from qualify.workloads.procs import kill_group
+from qualify.workloads.settings import LAUNCHED_MARK, WorkloadSettings
 
 MODULE = "qualify.workloads.train"
-LAUNCHED_MARK = "QUALIFY_TRAIN_LAUNCHED"
-# Names of variables a distributed launcher sets in each worker.
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -26,10 +24,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def is_launched(environ: dict[str, str] | None = None) -> bool:
+def _settings(environ: Mapping[str, str] | None) -> WorkloadSettings:
+    return WorkloadSettings.from_env() if environ is None else WorkloadSettings.from_env(environ)
+
+
+def is_launched(environ: Mapping[str, str] | None = None) -> bool:
     """True inside a worker started by a launcher (ours, torchrun, deepspeed, MPI...)."""
-    env = os.environ if environ is None else environ
-    return env.get(LAUNCHED_MARK) == "1" or all(v in env for v in RANK_VARS)
+    return _settings(environ).launched
 
 
 def choose_launcher(launcher: str, devices: int, nodes: int) -> str:
@@ -61,12 +62,12 @@ def launch_command(launcher: str, *, devices: int, nodes: int, node_rank: int,
     raise ValueError(f"launcher {launcher!r} does not relaunch")
 
 
-def single_process_env(environ: dict[str, str] | None = None, port: int | None = None) -> dict[str, str]:
+def single_process_env(environ: Mapping[str, str] | None = None, port: int | None = None) -> dict[str, str]:
     """The rendezvous variables a lone process needs (only those not set already)."""
-    env = os.environ if environ is None else environ
+    present = _settings(environ).rendezvous
     wanted = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    out = {k: v for k, v in wanted.items() if k not in env}
-    if "MASTER_PORT" not in env:
+    out = {k: v for k, v in wanted.items() if k not in present}
+    if "MASTER_PORT" not in present:
         out["MASTER_PORT"] = str(port or free_port())
     return out
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qualify.workloads import protocol
-from qualify.workloads.train.env import (default_cache_dirs, device_facts, limit_memory,
-                                         recorded_env, redact)
+from qualify.workloads.settings import WorkloadSettings
+from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
 from qualify.workloads.train.launch import (choose_launcher, free_port, is_launched,
                                             launch_command, relaunch, single_process_env)
 from qualify.workloads.train.mfu import lookup_peak, mfu
@@ -95,7 +95,7 @@ def _relaunched(case, p: TrainParams, launcher: str, timeout_s, log) -> dict[str
         case_path = fh.name
     cmd = launch_command(launcher, devices=p.devices, nodes=p.nodes, node_rank=p.node_rank,
                          master_addr=p.master_addr, master_port=port, case_path=case_path,
-                         hostfile=os.environ.get("QUALIFY_HOSTFILE"))
+                         hostfile=WorkloadSettings.from_env().hostfile)
     try:
         rc, stdout = relaunch(cmd, timeout_s, log)
     except (subprocess.TimeoutExpired, _Timeout) as exc:
@@ -158,14 +158,14 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
     counts = tm.count_params(tm.build_model(config, device="meta"))
     ds_cfg = deepspeed_config(p)
 
+    settings = WorkloadSettings.from_env()  # after single_process_env() above
     acc = get_accelerator()
-    device = torch.device(acc.device_name(int(os.environ.get("LOCAL_RANK", "0"))))
+    device = torch.device(acc.device_name(settings.local_rank))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # Threads: the case's num_threads, else every core this process may use, shared
     # between the ranks of this node.
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    torch.set_num_threads(p.num_threads or max(1, available_cores() // max(1, local_world)))
+    torch.set_num_threads(p.num_threads or max(1, available_cores() // max(1, settings.local_world_size)))
     torch.manual_seed(p.seed)
     deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None)
 
@@ -384,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(describe(fields, args.seq_len), sort_keys=True))
         return 0
-    os.environ.update(default_cache_dirs())
-    if int(os.environ.get("RANK", "0")) != 0:
+    settings = WorkloadSettings.from_env()
+    os.environ.update(settings.cache_env())
+    if settings.rank != 0:
         # Only rank 0 reports on stdout; the other ranks' documents go to stderr.
         sys.stdout = sys.stderr
     return protocol.run_workload("train", handle, rest)
