@@ -25,8 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from qualify.workloads import protocol  # noqa: E402
-
-SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
+from qualify.workloads.infer.params import TORCHAO_SCHEMES as SCHEMES  # noqa: E402
 
 
 def run_case(params: dict) -> dict:

@@ -99,7 +99,7 @@ run_variant() {
   "$PYTHON" - "$variant" "$layers" "$OUT" "$SEQ_LEN" "$MICRO" "$STEPS" "$WARMUP" "$REPEATS" "$PRESET" <<'EOF'
 import json, sys
 from qualify.workloads import protocol
-from qualify.workloads.train_models import PRESETS
+from qualify.workloads.train.models import PRESETS
 variant, layers, out, seq, micro, steps, warmup, repeats, preset = sys.argv[1:]
 cfg = f"{out}/{preset}-L{layers}.json"
 json.dump({**PRESETS[preset], "num_hidden_layers": int(layers)}, open(cfg, "w"))
@@ -139,7 +139,7 @@ done
 
 "$PYTHON" - "$OUT" "$LAYERS" "$PRESET" $VARIANTS <<'EOF'
 import json, sys
-from qualify.workloads.train_models import PRESETS
+from qualify.workloads.train.models import PRESETS
 out, layers, preset, variants = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 full = PRESETS[preset]["num_hidden_layers"]
 def f(x, fmt):
@@ -174,5 +174,5 @@ for v in variants:
         break
     except Exception:
         pass
-print(f"device {name}; MFU is null when the device is not in qualify/workloads/train_mfu.py")
+print(f"device {name}; MFU is null when the device is not in qualify/workloads/train/mfu.py")
 EOF

@@ -1,4 +1,4 @@
-"""The vllm engine's adapter (src/qualify/workloads/infer_vllm.py).
+"""The vllm engine's adapter (src/qualify/workloads/infer/engines/vllm_adapter.py).
 
 vLLM ITSELF IS UNVERIFIED HERE: it cannot be installed or run on this machine (no GPU;
 its pins conflict with the orchestrator's environment). These tests check the adapter's
@@ -18,10 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from qualify.workloads import infer_vllm as iv
 from qualify.workloads import protocol
-from qualify.workloads.infer import judge
-from qualify.workloads.infer_params import parse_params
+from qualify.workloads.infer import engines
+from qualify.workloads.infer.engines import vllm_adapter as iv
+from qualify.workloads.infer.params import parse_params
+from qualify.workloads.infer.runner import judge
 
 MOE_AWQ = {"vocab_size": 100, "num_experts": 8, "quantization_config": {"quant_method": "awq", "bits": 4}}
 DENSE_AWQ = {"vocab_size": 100, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
@@ -285,3 +286,30 @@ def test_run_detects_garbled_prefix_cache_and_oom(fake_vllm, tmp_path):
 def test_vllm_engine_refuses_fault_injection(fake_vllm):
     with pytest.raises(protocol.BadCase, match="^inject.break_kv_cache"):
         iv.run(params(inject={"break_kv_cache": True}), logging.getLogger("test"))
+
+
+# ---------------------------------------------------------------- engine registry
+
+
+def test_engines_are_chosen_by_name_from_the_registry():
+    assert engines.get_engine("vllm") is iv
+    assert "vllm" not in sys.modules  # choosing the adapter does not import vLLM itself
+    for name in (None, "", "tgi", "VLLM", ["vllm"]):
+        with pytest.raises(protocol.BadCase, match=r"engine: .* is not one of \('transformers', 'vllm'\)"):
+            engines.get_engine(name)
+        with pytest.raises(protocol.BadCase, match="engine: .*transformers.*vllm"):
+            parse_params({"engine": name, "model": "m"})
+
+
+def test_handler_runs_the_registered_engine(monkeypatch):
+    seen = []
+
+    def run(p, log):
+        seen.append(p.engine)
+        return {"metrics": {"token_agreement": 1.0}, "samples": {}, "probes": {}, "environment": {"engine": "x"}}
+
+    monkeypatch.setitem(engines.ENGINES, "vllm", lambda: SimpleNamespace(run=run))
+    from qualify.workloads.infer.runner import handler
+
+    fields = handler({"params": {"engine": "vllm", "model": "m"}}, logging.getLogger("t"))
+    assert seen == ["vllm"] and fields["status"] == "passed" and fields["environment"]["engine"] == "x"

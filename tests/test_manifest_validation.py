@@ -196,3 +196,45 @@ def test_load_error_lists_problems(tmp_path: Path) -> None:
         load_manifest(write(tmp_path, {"release": {"name": "x"}}))
     fields = {p.field for p in info.value.problems}
     assert {"release.repository", "release.tag", "release.candidate_tag"} <= fields
+
+
+# ---------------------------------------------------------------- one source of truth with the workloads
+
+
+def test_engines_schemes_and_probes_come_from_the_inference_workload() -> None:
+    from qualify import manifest
+    from qualify.workloads.infer import engines, params
+
+    assert manifest.Scheme.__args__ == params.SCHEMES
+    assert manifest.Engine.__args__ == params.ENGINES == tuple(engines.ENGINES)
+    assert manifest.Probe.__args__ == params.PROBES
+    assert manifest.ENGINE_SCHEMES is params.ENGINE_SCHEMES
+    assert set(params.ENGINE_SCHEMES) == set(engines.ENGINES)  # every registered engine has a scheme list
+    # What the manifest lets an engine run, the workload accepts.
+    for engine, schemes in params.ENGINE_SCHEMES.items():
+        for scheme in schemes:
+            assert params.parse_params({"engine": engine, "model": "m", "scheme": scheme}).scheme == scheme
+
+
+@pytest.mark.parametrize("bucket", [None, "", "auto", 5e7, 0, "5e7", [1]])
+def test_prefetch_bucket_rule_is_the_workloads(bucket: Any) -> None:
+    from pydantic import ValidationError
+
+    from qualify.manifest import TrainSettings
+    from qualify.workloads.protocol import BadCase
+    from qualify.workloads.train.params import parse_params
+
+    ds = {"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": bucket}}
+    try:
+        parse_params({"model": "tiny-llama", "deepspeed_config": ds})
+        workload_error = None
+    except BadCase as exc:
+        workload_error = str(exc)
+    try:
+        TrainSettings(deepspeed_config=ds)
+        manifest_error = None
+    except ValidationError as exc:
+        manifest_error = exc.errors()[0]["msg"]
+    assert (workload_error is None) == (manifest_error is None) == (bucket in (None, "", "auto"))
+    if workload_error:
+        assert manifest_error == f"Value error, {workload_error.removeprefix('param deepspeed_config: ')}"

@@ -13,12 +13,12 @@ import pytest
 
 from qualify.workloads import protocol
 from qualify.workloads.protocol import BadCase
-from qualify.workloads.train_launch import (choose_launcher, is_launched, launch_command,
+from qualify.workloads.train.launch import (choose_launcher, is_launched, launch_command,
                                             single_process_env)
-from qualify.workloads.train_measure import cv, summarize
-from qualify.workloads.train_mfu import PEAK_BF16_FLOPS, lookup_peak, mfu
-from qualify.workloads.train_models import estimate_state_bytes, flops_per_token
-from qualify.workloads.train_params import deepspeed_config, effective_dtype, parse_params
+from qualify.workloads.train.measure import cv, summarize
+from qualify.workloads.train.mfu import PEAK_BF16_FLOPS, lookup_peak, mfu
+from qualify.workloads.train.models import estimate_state_bytes, flops_per_token
+from qualify.workloads.train.params import deepspeed_config, effective_dtype, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = REPO / "src" / "qualify" / "workloads"
@@ -57,7 +57,7 @@ def test_describe_llama3_8b_matches_hand_count():
 
 
 def test_describe_other_presets_and_tiny_sizes():
-    from qualify.workloads.train_models import config_dict, describe
+    from qualify.workloads.train.models import config_dict, describe
 
     qwen3 = describe(config_dict("qwen3-8b"), 4096)
     assert qwen3["params_total"] == 8_190_735_360 and qwen3["head_dim"] == 128   # published
@@ -224,8 +224,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_train_modules_import_only_stdlib_torch_deepspeed_transformers():
-    files = sorted(WORKLOADS.glob("train*.py"))
-    assert {f.name for f in files} >= {"train.py", "train_models.py", "train_mfu.py"}
+    files = sorted((WORKLOADS / "train").rglob("*.py"))
+    assert {f.name for f in files} >= {"__main__.py", "runner.py", "models.py", "mfu.py"}
     for f in files:
         for name in _imports(f):
             root = name.split(".")[0]
@@ -236,7 +236,7 @@ def test_train_modules_import_only_stdlib_torch_deepspeed_transformers():
 
 
 def test_model_dependent_params():
-    from qualify.workloads.train_params import check_against_model
+    from qualify.workloads.train.params import check_against_model
 
     p = parse_params({"model": "tiny-llama", "activation_checkpointing": 9})
     with pytest.raises(BadCase, match="activation_checkpointing"):
@@ -250,8 +250,8 @@ def test_checkpointing_first_n_layers_saves_fewer_activations():
     """Structural, allocator-free: each checkpointed layer stops keeping activations."""
     import torch
 
-    from qualify.workloads import train_models as tm
-    from qualify.workloads.train_measure import saved_activation_bytes
+    from qualify.workloads.train import models as tm
+    from qualify.workloads.train.measure import saved_activation_bytes
 
     config = tm.build_config(tm.config_dict("tiny-qwen3"))
     ids = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))

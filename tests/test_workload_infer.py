@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from qualify.workloads import protocol
-from qualify.workloads.infer import judge
-from qualify.workloads.infer_params import InferParams, parse_params
+from qualify.workloads.infer.runner import judge
+from qualify.workloads.infer.params import InferParams, parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = REPO / "src" / "qualify" / "workloads"
@@ -185,7 +185,7 @@ def test_prequantized_scheme_on_transformers_is_bad_case():
 
 
 def test_model_resolution():
-    from qualify.workloads.infer_models import resolve_model
+    from qualify.workloads.infer.models import resolve_model
 
     assert resolve_model("tiny-qwen3", "transformers").kind == "preset"
     with pytest.raises(protocol.BadCase, match="^model: 'no-such-model'"):
@@ -242,7 +242,7 @@ def test_judge_precedence_and_threshold():
 def test_metrics_on_logits():
     import torch
 
-    from qualify.workloads import infer_metrics
+    from qualify.workloads.infer import metrics as infer_metrics
 
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(3, 10, 50, generator=g)
@@ -264,7 +264,7 @@ def test_metrics_on_logits():
 
 
 def test_probe_judgements():
-    from qualify.workloads import infer_probes as pr
+    from qualify.workloads.infer import probes as pr
 
     assert pr.check_degenerate([[1, 2, 3]], 10, 2)["status"] == "passed"
     assert pr.check_degenerate([[1, 1, 1]], 10, 2)["status"] == "failed"
@@ -281,8 +281,8 @@ def test_probe_judgements():
 def test_torchao_schemes_in_process():
     import torch
 
-    from qualify.workloads import infer_quant
-    from qualify.workloads.infer_models import preset_config
+    from qualify.workloads.infer import quant as infer_quant
+    from qualify.workloads.infer.models import preset_config
 
     from transformers import AutoModelForCausalLM
 
@@ -325,9 +325,10 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_infer_modules_import_only_what_the_image_ships():
-    files = sorted(WORKLOADS.glob("infer*.py"))
-    assert {f.name for f in files} >= {"infer.py", "infer_hf.py", "infer_vllm.py", "infer_quant.py",
-                                       "infer_metrics.py", "infer_models.py", "infer_probes.py"}
+    files = sorted((WORKLOADS / "infer").rglob("*.py"))
+    assert {str(f.relative_to(WORKLOADS / "infer")) for f in files} >= {
+        "__main__.py", "runner.py", "engines/__init__.py", "engines/hf.py", "engines/vllm_adapter.py",
+        "quant.py", "metrics.py", "models.py", "probes.py"}
     for path in files:
         for name in _imports(path):
             root = name.split(".")[0]
@@ -337,7 +338,8 @@ def test_infer_modules_import_only_what_the_image_ships():
 
 
 def test_vllm_is_imported_lazily():
-    code = ("import sys, qualify.workloads.infer, qualify.workloads.infer_vllm, qualify.workloads.infer_hf; "
+    code = ("import sys, qualify.workloads.infer.runner, qualify.workloads.infer.engines.vllm_adapter, "
+            "qualify.workloads.infer.engines.hf; "
             "assert 'vllm' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from qualify.manifest import Release, Resources, TrainModel, TrainVariant
 from qualify.manifest_load import merged_infer_settings
 from qualify.workloads import protocol
+from qualify.workloads.merge import deep_merge
 
 
 def _freeze(value: Any) -> Any:
@@ -118,7 +119,7 @@ def _train_case(release: Release, model: TrainModel, variant: TrainVariant, time
         settings.update(layer.model_dump(exclude_none=True, exclude={"env", "deepspeed_config", "resources"}))
         env.update(layer.env)
         if layer.deepspeed_config:
-            ds_config = _deep_merge(ds_config, layer.deepspeed_config)
+            ds_config = deep_merge(ds_config, layer.deepspeed_config)
         if layer.resources is not None:
             resources = layer.resources
     env.update(variant.env)
@@ -135,13 +136,3 @@ def _train_case(release: Release, model: TrainModel, variant: TrainVariant, time
     params["nodes"] = resources.nodes
     return Case.build(f"train/{model.name}/{variant.name}", "train", model.name, variant.name,
                       params, env, resources, timeout)
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out

@@ -17,20 +17,25 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from qualify import metrics as metric_info
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.versions import MatchRule
+from qualify.workloads.infer.params import (  # noqa: F401 - ENGINE_SCHEMES, PREQUANTIZED_SCHEMES: re-exported
+    ENGINE_SCHEMES,
+    ENGINES,
+    PREQUANTIZED_SCHEMES,
+    PROBES,
+    SCHEMES,
+)
+from qualify.workloads.train.params import prefetch_bucket_problem
 
 NAME_RE = r"^[a-z0-9][a-z0-9+._-]*$"
 Name = Annotated[str, Field(pattern=NAME_RE, max_length=64)]
 
-# Quantization schemes and which engine can run them. "none" is the unquantized reference.
-# transformers applies torchao on the fly; vLLM loads pre-quantized checkpoints (AWQ/GPTQ,
-# compressed-tensors W8A8) as the release note lists them for vLLM 0.8.5.
-Scheme = Literal["none", "w8a16", "w8a8", "w4a16", "awq-w4a16", "gptq-w4a16", "gptq-w8a16"]
-ENGINE_SCHEMES: dict[str, frozenset[str]] = {
-    "transformers": frozenset({"none", "w8a16", "w8a8", "w4a16"}),
-    "vllm": frozenset({"none", "w8a8", "awq-w4a16", "gptq-w4a16", "gptq-w8a16"}),
-}
-PRECOMPUTED_SCHEMES = frozenset({"awq-w4a16", "gptq-w4a16", "gptq-w8a16"})
-PROBES = ("prefix_cache", "max_model_len", "degenerate")
+# Engines, quantization schemes (and which engine can run them) and probes are defined once,
+# by the inference workload (standard library): transformers applies torchao on the fly;
+# vLLM loads pre-quantized checkpoints (AWQ/GPTQ, compressed-tensors W8A8) as the release
+# note lists them for vLLM 0.8.5.
+Engine = Literal[ENGINES]  # type: ignore[valid-type]
+Scheme = Literal[SCHEMES]  # type: ignore[valid-type]
+Probe = Literal[PROBES]  # type: ignore[valid-type]
 # Release note, known issues: DeepSeek-R1 with --max-model-len of 80k or more may OOM.
 DEEPSEEK_R1_MAX_MODEL_LEN = 80_000
 WAIVER_MAX_MODEL_LEN = "max_model_len_limit"
@@ -192,16 +197,10 @@ class TrainSettings(Strict):
     @field_validator("deepspeed_config")
     @classmethod
     def _prefetch_bucket(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        # Release note, usage notes: leave zero_optimization.stage3_prefetch_bucket_size
-        # empty or set it to "auto".
-        zero = (value or {}).get("zero_optimization") or {}
-        if isinstance(zero, dict) and "stage3_prefetch_bucket_size" in zero:
-            bucket = zero["stage3_prefetch_bucket_size"]
-            if bucket not in (None, "", "auto"):
-                raise ValueError(
-                    f"zero_optimization.stage3_prefetch_bucket_size is {bucket!r}: "
-                    "the release note requires it empty or 'auto'"
-                )
+        # The release note's rule, as the training workload applies it (one definition).
+        problem = prefetch_bucket_problem(value or {})
+        if problem:
+            raise ValueError(problem)
         return value
 
 
@@ -244,7 +243,7 @@ class TrainingMatrix(Strict):
 
 
 class InferSettings(Strict):
-    engine: Literal["transformers", "vllm"] | None = None
+    engine: Engine | None = None
     num_prompts: int | None = Field(default=None, gt=0)
     prompt_len: int | None = Field(default=None, gt=0)
     max_new_tokens: int | None = Field(default=None, gt=0)
@@ -253,7 +252,7 @@ class InferSettings(Strict):
     num_threads: int | None = Field(default=None, gt=0)
     train_steps: int | None = Field(default=None, ge=0)
     min_token_agreement: float | None = Field(default=None, ge=0, le=1)
-    probes: list[Literal["prefix_cache", "max_model_len", "degenerate"]] | None = None
+    probes: list[Probe] | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
     resources: Resources | None = None
     env: dict[str, str] = Field(default_factory=dict)

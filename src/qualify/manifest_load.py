@@ -28,7 +28,7 @@ from qualify.manifest import (
     InferModel,
     InferScheme,
     InferSettings,
-    PRECOMPUTED_SCHEMES,
+    PREQUANTIZED_SCHEMES,
     Release,
 )
 
@@ -247,7 +247,7 @@ def semantic_problems(release: Release, file: str, today: dt.date, check_expiry:
                     add(f"{where}.scheme",
                         f"scheme {scheme.scheme!r} cannot run on engine {engine!r} "
                         f"(it runs: {', '.join(sorted(ENGINE_SCHEMES[engine]))})")
-                if (model.moe and engine == "vllm" and scheme.scheme in PRECOMPUTED_SCHEMES
+                if (model.moe and engine == "vllm" and scheme.scheme in PREQUANTIZED_SCHEMES
                         and settings["engine_args"].get("quantization") != "moe_wna16"):
                     add(f"{where}.settings.engine_args.quantization",
                         f"{scheme.scheme} on a MoE model with vLLM 0.8.5 needs quantization: moe_wna16 "

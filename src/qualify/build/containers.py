@@ -28,7 +28,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -47,6 +46,7 @@ from qualify.manifest import Release
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError
 from qualify.registry.transport import plain_http
 from qualify.settings import Settings
+from qualify.workloads.procs import kill_group
 
 TAIL_CHARS = 4000
 CONTEXT_ARG_PREFIX = "context:"
@@ -223,7 +223,7 @@ def _pump(proc: subprocess.Popen[str], sinks: tuple, timeout_s: float) -> bool:
 
     def expire() -> None:
         fired.set()
-        _kill_group(proc)
+        kill_group(proc)
 
     timer = threading.Timer(timeout_s, expire)
     timer.daemon = True
@@ -237,16 +237,6 @@ def _pump(proc: subprocess.Popen[str], sinks: tuple, timeout_s: float) -> bool:
     finally:
         timer.cancel()
     return fired.is_set()
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
 
 
 def _quote(argv: Sequence[str]) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from qualify.workloads import protocol
+from qualify.workloads.procs import kill_group
 
 TAIL_CHARS = 4000
 
@@ -51,7 +51,8 @@ class CommandResult:
 
 def run_command(argv: list[str], stdin_text: str, timeout_s: float, env: dict[str, str] | None = None,
                 cwd: str | None = None, on_timeout: Any = None) -> CommandResult:
-    """Run argv in its own process group; on timeout kill the whole group (workers, compilers)."""
+    """Run argv in its own process group; on timeout stop the whole group (workers, compilers):
+    SIGTERM, a few seconds to write a document and stop its own children, then SIGKILL."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -66,16 +67,9 @@ def run_command(argv: list[str], stdin_text: str, timeout_s: float, env: dict[st
         timed_out = True
         if on_timeout is not None:
             on_timeout()
-        _kill_group(proc)
+        kill_group(proc)
         stdout, stderr = proc.communicate()
     return CommandResult(proc.returncode, stdout or "", stderr or "", timed_out, None, time.monotonic() - start)
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
 
 
 def outcome_from_command(case_doc: dict[str, Any], res: CommandResult, command: list[str],

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from qualify.workloads import protocol
+from qualify.workloads.settings import WorkloadSettings
 
 
 def os_release(path: str = "/etc/os-release") -> dict[str, str]:
@@ -79,7 +80,7 @@ def driver_version() -> str | None:
                 return out.stdout.strip().splitlines()[0]
         except (OSError, subprocess.SubprocessError):
             pass
-    return os.environ.get("ACCELERATOR_DRIVER_VERSION")
+    return WorkloadSettings.from_env().accelerator_driver_version
 
 
 def run_commands(commands: dict[str, list[str]]) -> dict[str, dict[str, Any]]:

@@ -33,6 +33,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterable
 
+from qualify.workloads.settings import WorkloadSettings
+
 PROTOCOL_VERSION = 1
 
 STATUSES = ("passed", "failed", "error")
@@ -277,7 +279,7 @@ def environment_base() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "visible_devices": WorkloadSettings.from_env().visible_devices,
     }
 
 

@@ -2,7 +2,7 @@
 
 Tiny presets are small configs of the release's model families (Qwen3, Llama 3,
 Qwen3-MoE for the MoE path). They have no published weights, so they are trained
-briefly on the seed's synthetic language (infer_corpus.MarkovLanguage) and cached on
+briefly on the seed's synthetic language (corpus.MarkovLanguage) and cached on
 disk under $QUALIFY_CACHE_DIR/infer (default ~/.cache/qualify/infer), keyed by preset,
 seed, steps and corpus version; a cached directory is an ordinary Hugging Face model
 directory (save_pretrained) plus qualify-preset.json, so it also loads as a path.
@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
-from qualify.workloads.infer_corpus import (CORPUS_VERSION, STREAM_EVAL, STREAM_PROBES, STREAM_PROMPTS,
+from qualify.workloads.infer.corpus import (CORPUS_VERSION, STREAM_EVAL, STREAM_PROBES, STREAM_PROMPTS,
                                             STREAM_TRAIN, MarkovLanguage, text_token_stream, seeded_generator)
 from qualify.workloads.protocol import BadCase
+from qualify.workloads.settings import WorkloadSettings
 
 PRESET_META = "qualify-preset.json"
 
@@ -82,7 +83,7 @@ def resolve_model(name: str, engine: str, param: str = "model") -> ModelSource:
     if os.path.isdir(name):
         return ModelSource("path", name, path=os.path.abspath(name))
     if name in REAL_MODELS:
-        base = os.environ.get("QUALIFY_MODELS_DIR")
+        base = WorkloadSettings.from_env().models_dir
         if base and os.path.isdir(os.path.join(base, name)):
             return ModelSource("path", name, path=os.path.join(base, name))
         if engine == "vllm":
@@ -96,7 +97,7 @@ def resolve_model(name: str, engine: str, param: str = "model") -> ModelSource:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("QUALIFY_CACHE_DIR") or Path.home() / ".cache" / "qualify") / "infer"
+    return Path(WorkloadSettings.from_env().cache_dir) / "infer"
 
 
 def preset_config(preset: str):

@@ -7,16 +7,15 @@ running anything); `relaunch` runs the command and hands back rank 0's document.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Mapping
+
+from qualify.workloads.procs import kill_group
+from qualify.workloads.settings import LAUNCHED_MARK, WorkloadSettings
 
 MODULE = "qualify.workloads.train"
-LAUNCHED_MARK = "QUALIFY_TRAIN_LAUNCHED"
-# Names of variables a distributed launcher sets in each worker.
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -25,10 +24,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def is_launched(environ: dict[str, str] | None = None) -> bool:
+def _settings(environ: Mapping[str, str] | None) -> WorkloadSettings:
+    return WorkloadSettings.from_env() if environ is None else WorkloadSettings.from_env(environ)
+
+
+def is_launched(environ: Mapping[str, str] | None = None) -> bool:
     """True inside a worker started by a launcher (ours, torchrun, deepspeed, MPI...)."""
-    env = os.environ if environ is None else environ
-    return env.get(LAUNCHED_MARK) == "1" or all(v in env for v in RANK_VARS)
+    return _settings(environ).launched
 
 
 def choose_launcher(launcher: str, devices: int, nodes: int) -> str:
@@ -60,12 +62,12 @@ def launch_command(launcher: str, *, devices: int, nodes: int, node_rank: int,
     raise ValueError(f"launcher {launcher!r} does not relaunch")
 
 
-def single_process_env(environ: dict[str, str] | None = None, port: int | None = None) -> dict[str, str]:
+def single_process_env(environ: Mapping[str, str] | None = None, port: int | None = None) -> dict[str, str]:
     """The rendezvous variables a lone process needs (only those not set already)."""
-    env = os.environ if environ is None else environ
+    present = _settings(environ).rendezvous
     wanted = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    out = {k: v for k, v in wanted.items() if k not in env}
-    if "MASTER_PORT" not in env:
+    out = {k: v for k, v in wanted.items() if k not in present}
+    if "MASTER_PORT" not in present:
         out["MASTER_PORT"] = str(port or free_port())
     return out
 
@@ -81,22 +83,10 @@ def relaunch(cmd: list[str], timeout_s: float | None, log) -> tuple[int, str]:
     try:
         stdout, _ = proc.communicate(timeout=timeout_s)
     except BaseException:
-        _kill_group(proc)
+        # The launcher forwards SIGTERM to its workers; give them time to stop.
+        kill_group(proc, grace_s=15, kill_wait_s=5)
         raise
     return proc.returncode, stdout
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.communicate(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def launch_info(launcher: str, cmd: list[str] | None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Validation of the inference workload's case parameters (case["params"]).
 
-Runs inside the candidate image: standard library and qualify.workloads.protocol only.
+Runs inside the candidate image: standard library, qualify.workloads.protocol and the engine
+registry (standard library too) only.
 Every problem raises protocol.BadCase naming the offending parameter.
 """
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from qualify.workloads.protocol import BadCase
 
+# The engines' names; engines/__init__.py maps each to its module (a test checks both agree).
 ENGINES = ("transformers", "vllm")
 # Quantized on the fly with torchao (transformers engine) or read from a pre-quantized
 # checkpoint (vllm engine, e.g. compressed-tensors W8A8 / W8A16).
@@ -19,6 +21,13 @@ TORCHAO_SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
 # w4a16, GPTQ w4a16/w8a16 and per-token/per-channel a8w8).
 PREQUANTIZED_SCHEMES = ("awq-w4a16", "gptq-w4a16", "gptq-w8a16")
 SCHEMES = TORCHAO_SCHEMES + PREQUANTIZED_SCHEMES
+# What a release manifest may ask of each engine (the manifest's check; "none" is the
+# unquantized reference). parse_params is wider for vllm: that engine reads the scheme of
+# any compressed-tensors checkpoint it is given (engines/vllm_adapter.checkpoint_scheme).
+ENGINE_SCHEMES: dict[str, frozenset[str]] = {
+    "transformers": frozenset(TORCHAO_SCHEMES),
+    "vllm": frozenset(("none", "w8a8") + PREQUANTIZED_SCHEMES),
+}
 PROBES = ("prefix_cache", "max_model_len", "degenerate")
 INJECTIONS = ("reference_seed", "corrupt_weights", "break_kv_cache")
 
@@ -96,7 +105,7 @@ def parse_params(params: Any) -> InferParams:
         raise BadCase(f"{unknown[0]}: unknown parameter (known: {', '.join(sorted(_KNOWN))})")
 
     engine = params.get("engine", "transformers")
-    if engine not in ENGINES:
+    if not isinstance(engine, str) or engine not in ENGINES:
         raise BadCase(f"engine: {engine!r} is not one of {ENGINES}")
     model = params.get("model")
     if not isinstance(model, str) or not model:

@@ -1,8 +1,6 @@
-"""Inference-quantization workload: ``python -m qualify.workloads.infer --case CASE.json``.
+"""The inference workload's case handler: parse the params, run the case's engine, judge.
 
-Runs one case (a model, a quantization scheme, an engine) and prints one result document
-(protocol.run_workload). Parameters: see infer_params.InferParams; the engines are
-infer_hf (transformers + torchao, CPU or CUDA) and infer_vllm (vLLM, GPU images only).
+Parameters: see params.InferParams; engines: see engines/__init__.py (the registry).
 
 Verdict of a case (judge()):
 
@@ -18,18 +16,17 @@ Verdict of a case (judge()):
   When several apply, error_class is the first in that order and error lists them all.
 * status "error": bad_case (invalid params), load_failed, crash, oom, timeout (protocol).
 
-Runs inside the candidate image: standard library, torch, transformers, torchao, vllm
-(lazily) and qualify.workloads only.
+Standard library and qualify.workloads only (an engine imports torch and the rest).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 from qualify.workloads import protocol
-from qualify.workloads.infer_params import InferParams, parse_params
+from qualify.workloads.infer.engines import get_engine
+from qualify.workloads.infer.params import InferParams, parse_params
 
 FAILURE_ORDER = ("oom", "crash", "garbled", "degenerate", "low_agreement")
 
@@ -59,11 +56,7 @@ def judge(p: InferParams, metrics: dict[str, Any], probes: dict[str, dict[str, A
 
 def handler(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
     p = parse_params(case.get("params") or {})
-    if p.engine == "vllm":
-        from qualify.workloads import infer_vllm as engine
-    else:
-        from qualify.workloads import infer_hf as engine
-    report = engine.run(p, log)
+    report = get_engine(p.engine).run(p, log)
     status, error_class, error = judge(p, report["metrics"], report["probes"])
     if error:
         log.error("%s", error)
@@ -76,6 +69,3 @@ def handler(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     return protocol.run_workload("infer", handler, argv)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

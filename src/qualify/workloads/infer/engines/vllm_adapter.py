@@ -30,8 +30,10 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
-from qualify.workloads import infer_metrics, infer_models, infer_probes
-from qualify.workloads.infer_params import DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, InferParams
+from qualify.workloads.infer import metrics as infer_metrics
+from qualify.workloads.infer import models as infer_models
+from qualify.workloads.infer import probes as infer_probes
+from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, InferParams
 from qualify.workloads.protocol import BadCase, WorkloadFailure, is_oom
 
 # Release note: "to run models quantized by using AWQ and GPTQ on vLLM 0.8.5, you must add
@@ -249,7 +251,7 @@ def _environment() -> dict[str, Any]:
     import torch
     import vllm
 
-    from qualify.workloads.infer_hf import device_facts
+    from qualify.workloads.infer.engines.hf import device_facts
 
     env: dict[str, Any] = {"engine": "vllm", "engine_version": vllm.__version__, "vllm": vllm.__version__,
                            "torch": torch.__version__}

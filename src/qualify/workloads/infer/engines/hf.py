@@ -22,8 +22,11 @@ from typing import Any
 
 import torch
 
-from qualify.workloads import infer_metrics, infer_models, infer_probes, infer_quant
-from qualify.workloads.infer_params import DEFAULT_TRAIN_STEPS, InferParams
+from qualify.workloads.infer import metrics as infer_metrics
+from qualify.workloads.infer import models as infer_models
+from qualify.workloads.infer import probes as infer_probes
+from qualify.workloads.infer import quant as infer_quant
+from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, InferParams
 from qualify.workloads.protocol import BadCase, WorkloadFailure, is_oom
 
 # engine_args understood by this engine. vLLM-only knobs are accepted and ignored where

@@ -12,8 +12,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from qualify.workloads.merge import deep_merge
 from qualify.workloads.protocol import BadCase
-from qualify.workloads.train_models import PRESETS
+from qualify.workloads.train.models import PRESETS
 
 LAUNCHERS = ("auto", "none", "deepspeed", "torchrun")
 DTYPES = ("bf16", "fp32")
@@ -92,17 +93,30 @@ def _choice(params: dict, name: str, choices: tuple[str, ...]) -> None:
         raise BadCase(f"param {name}: must be one of {', '.join(choices)}, got {params[name]!r}")
 
 
+def prefetch_bucket_problem(ds_config: dict[str, Any]) -> str | None:
+    """The release note's ZeRO-3 rule, the one definition (the manifest applies it too).
+
+    training-xpu-pytorch 25.05 usage notes: leave zero_optimization.stage3_prefetch_bucket_size
+    empty or set it to auto. Returns what is wrong with ds_config, or None.
+    """
+    zero = ds_config.get("zero_optimization") or {}
+    if not isinstance(zero, dict) or "stage3_prefetch_bucket_size" not in zero:
+        return None
+    bucket = zero["stage3_prefetch_bucket_size"]
+    if bucket in (None, "", "auto"):
+        return None
+    return (f"zero_optimization.stage3_prefetch_bucket_size is {bucket!r}: "
+            "the release note requires it empty or 'auto'")
+
+
 def check_release_rules(ds_config: dict[str, Any]) -> None:
     """Rules from the image's release note that a DeepSpeed config must follow."""
     zero = ds_config.get("zero_optimization") or {}
     if not isinstance(zero, dict):
         raise BadCase("param deepspeed_config: zero_optimization must be an object")
-    value = zero.get("stage3_prefetch_bucket_size", None)
-    # training-xpu-pytorch 25.05 usage notes: leave stage3_prefetch_bucket_size empty
-    # or set it to auto.
-    if value not in (None, "", "auto"):
-        raise BadCase("param deepspeed_config: zero_optimization.stage3_prefetch_bucket_size "
-                      f"must be empty or \"auto\" (release note), got {value!r}")
+    problem = prefetch_bucket_problem(ds_config)
+    if problem:
+        raise BadCase(f"param deepspeed_config: {problem}")
 
 
 def parse_params(params: dict[str, Any]) -> TrainParams:
@@ -177,16 +191,6 @@ def check_against_model(p: TrainParams, layers: int, max_positions: int | None) 
                       f"{max_positions}")
 
 
-def _deep_merge(base: dict, top: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in top.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
 def deepspeed_config(p: TrainParams) -> dict[str, Any]:
     """The DeepSpeed config: the case's deepspeed_config merged under the switches.
 
@@ -207,7 +211,7 @@ def deepspeed_config(p: TrainParams) -> dict[str, Any]:
     if "zero_stage" in p.explicit or "stage" not in zero:
         zero["stage"] = p.zero_stage
     if "dtype" in p.explicit or ("bf16" not in cfg and "fp16" not in cfg):
-        cfg = _deep_merge(cfg, {"bf16": {"enabled": p.dtype == "bf16"}})
+        cfg = deep_merge(cfg, {"bf16": {"enabled": p.dtype == "bf16"}})
         if p.dtype == "bf16":
             cfg.setdefault("fp16", {})["enabled"] = False
     # A torch optimizer is passed to deepspeed.initialize (no op to compile); ZeRO

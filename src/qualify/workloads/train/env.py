@@ -8,9 +8,9 @@ import platform
 import re
 import resource
 import subprocess
-from typing import Any
+from typing import Any, Mapping
 
-from qualify.workloads.train_models import estimate_state_bytes
+from qualify.workloads.train.models import estimate_state_bytes
 
 # Variables worth recording even when the case did not pass them (communication
 # libraries and the image's optimisation switches, e.g. CHECKPOINT_OPTIMIZATION).
@@ -19,24 +19,12 @@ _RECORDED = re.compile(r"^(NCCL_|ACCL_|PCCL_|CHECKPOINT_OPTIMIZATION|TORCH_|TORC
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|^KEY", re.I)
 
 
-def default_cache_dirs(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """TORCH_EXTENSIONS_DIR / TORCHINDUCTOR_CACHE_DIR under $QUALIFY_CACHE_DIR unless set
-    (DeepSpeed's op build and inductor's kernels then happen once per machine)."""
-    env = os.environ if environ is None else environ
-    base = env.get("QUALIFY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "qualify")
-    out = {}
-    if not env.get("TORCH_EXTENSIONS_DIR"):
-        out["TORCH_EXTENSIONS_DIR"] = os.path.join(base, "torch_extensions")
-    if not env.get("TORCHINDUCTOR_CACHE_DIR"):
-        out["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, "inductor")
-    return out
-
-
 def redact(env: dict[str, Any]) -> dict[str, str]:
     return {str(k): ("<redacted>" if _SECRET.search(str(k)) else str(v)) for k, v in env.items()}
 
 
-def recorded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def recorded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that shape a run (a record of the environment, not settings)."""
     env = os.environ if environ is None else environ
     return redact({k: v for k, v in env.items() if _RECORDED.match(k)})
 

@@ -1,31 +1,7 @@
-"""Training-throughput workload: `python -m qualify.workloads.train --case CASE.json`.
+"""The training workload's case handler: relaunch per device, or train in this process.
 
-Trains a decoder LM (a preset architecture with random weights, or a HF config.json)
-through DeepSpeed for warm-up + repeats x steps optimizer steps and reports
-throughput, step-time spread, model TFLOP/s per device, MFU, memory and loss as one
-result document (qualify.workloads.protocol). Runs inside the candidate image:
-standard library, torch, deepspeed and transformers only.
-
-`python -m qualify.workloads.train --describe PRESET --seq-len T` prints the
-parameter counts and model FLOPs per token (meta device, nothing allocated).
-
-Choices:
-- The optimizer is a plain torch.optim.AdamW handed to deepspeed.initialize, so no
-  DeepSpeed op (CPUAdam/FusedAdam) has to be compiled; a deepspeed_config with its
-  own "optimizer" section is honoured instead. On CPU DeepSpeed still builds its shm
-  comm op once (cached under TORCH_EXTENSIONS_DIR).
-- compile=true wraps the model in torch.compile before deepspeed.initialize (what
-  the HF Trainer does); the first step's extra time is compile_time_s.
-- Activation checkpointing uses transformers' per-layer checkpointing (non-reentrant);
-  the environment reports how many layers really checkpoint, and the metric
-  activation_saved_bytes (bytes autograd keeps after one micro-batch forward) shows its
-  memory effect without depending on the allocator.
-- Measurement: threads set with torch.set_num_threads (default: every core this process
-  may use, shared by the ranks of a node), warm-up steps, then repeats x steps timed
-  optimizer steps with cyclic GC paused inside a repeat; medians and spread reported.
-  On a shared 2-core machine num_threads=1 is far steadier (benchmarks/train_noise.py).
-- peak_memory_bytes: CUDA max allocated on a GPU, the process's peak RSS on CPU
-  (environment.memory_measure says which).
+`handle` is what protocol.run_workload calls; `main` is the entry point of
+`python -m qualify.workloads.train` (see the package docstring for the choices made).
 """
 
 from __future__ import annotations
@@ -46,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qualify.workloads import protocol
-from qualify.workloads.train_env import (default_cache_dirs, device_facts, limit_memory,
-                                         recorded_env, redact)
-from qualify.workloads.train_launch import (choose_launcher, free_port, is_launched,
+from qualify.workloads.settings import WorkloadSettings
+from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
+from qualify.workloads.train.launch import (choose_launcher, free_port, is_launched,
                                             launch_command, relaunch, single_process_env)
-from qualify.workloads.train_mfu import lookup_peak, mfu
-from qualify.workloads.train_params import (TrainParams, available_cores, check_against_model,
+from qualify.workloads.train.mfu import lookup_peak, mfu
+from qualify.workloads.train.params import (TrainParams, available_cores, check_against_model,
                                             deepspeed_config, effective_dtype, parse_params)
 
 
@@ -119,7 +95,7 @@ def _relaunched(case, p: TrainParams, launcher: str, timeout_s, log) -> dict[str
         case_path = fh.name
     cmd = launch_command(launcher, devices=p.devices, nodes=p.nodes, node_rank=p.node_rank,
                          master_addr=p.master_addr, master_port=port, case_path=case_path,
-                         hostfile=os.environ.get("QUALIFY_HOSTFILE"))
+                         hostfile=WorkloadSettings.from_env().hostfile)
     try:
         rc, stdout = relaunch(cmd, timeout_s, log)
     except (subprocess.TimeoutExpired, _Timeout) as exc:
@@ -174,7 +150,7 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
     import transformers
     from deepspeed.accelerator import get_accelerator
 
-    from qualify.workloads import train_models as tm
+    from qualify.workloads.train import models as tm
 
     config = tm.build_config(tm.config_dict(p.model, p.model_config_path))
     check_against_model(p, config.num_hidden_layers,
@@ -182,14 +158,14 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
     counts = tm.count_params(tm.build_model(config, device="meta"))
     ds_cfg = deepspeed_config(p)
 
+    settings = WorkloadSettings.from_env()  # after single_process_env() above
     acc = get_accelerator()
-    device = torch.device(acc.device_name(int(os.environ.get("LOCAL_RANK", "0"))))
+    device = torch.device(acc.device_name(settings.local_rank))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # Threads: the case's num_threads, else every core this process may use, shared
     # between the ranks of this node.
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    torch.set_num_threads(p.num_threads or max(1, available_cores() // max(1, local_world)))
+    torch.set_num_threads(p.num_threads or max(1, available_cores() // max(1, settings.local_world_size)))
     torch.manual_seed(p.seed)
     deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None)
 
@@ -217,8 +193,8 @@ def _build(s: _Setup, log: logging.Logger):
     import deepspeed
     import torch
 
-    from qualify.workloads import train_models as tm
-    from qualify.workloads.train_measure import saved_activation_bytes
+    from qualify.workloads.train import models as tm
+    from qualify.workloads.train.measure import saved_activation_bytes
 
     p, env = s.p, s.env
     t0 = time.monotonic()
@@ -299,8 +275,8 @@ class _Stepper:
 
 def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
     """Warm up, then repeats x steps timed steps; the result fields."""
-    from qualify.workloads import train_models as tm
-    from qualify.workloads.train_measure import peak_memory, summarize
+    from qualify.workloads.train import models as tm
+    from qualify.workloads.train.measure import peak_memory, summarize
 
     p, env, config = s.p, s.env, s.config
     step = _Stepper(s, engine, fixed)
@@ -399,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     args, rest = ap.parse_known_args(argv)
     if args.describe or args.config:
-        from qualify.workloads.train_models import config_dict, describe
+        from qualify.workloads.train.models import config_dict, describe
 
         try:
             fields = config_dict(args.describe, args.config)
@@ -408,12 +384,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(describe(fields, args.seq_len), sort_keys=True))
         return 0
-    os.environ.update(default_cache_dirs())
-    if int(os.environ.get("RANK", "0")) != 0:
+    settings = WorkloadSettings.from_env()
+    os.environ.update(settings.cache_env())
+    if settings.rank != 0:
         # Only rank 0 reports on stdout; the other ranks' documents go to stderr.
         sys.stdout = sys.stderr
     return protocol.run_workload("train", handle, rest)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
