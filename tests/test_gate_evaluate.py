@@ -486,3 +486,76 @@ def test_result_data_from_row_like_object(rel):
         fingerprint, attempts, environment = as_result(case, doc).fingerprint, 1, doc["environment"]
 
     assert ResultData.from_row(Row()) == as_result(case, doc)
+
+
+# --------------------------------------------------------------------------- issue 11: holes that fooled the verdict
+
+
+def test_a_variant_whose_switch_had_no_effect_fails(rel, good):
+    env = {**good["train/tiny/compile"].environment, "compile_graphs": 0}
+    verdict = judge(rel, replace(good, "train/tiny/compile", environment=env))
+    assert verdict.verdict == "FAIL"
+    [reason] = only(verdict, "variant_evidence", "train/tiny/compile")
+    assert reason.status == "FAIL" and "ran eager" in reason.message
+    assert only(verdict, "variant_evidence", "train/tiny/compile", "FAIL")
+
+
+def test_fingerprint_mismatch_is_not_compared(rel, good, baseline):
+    case = "train/tiny/base"
+    other = dict(baseline[case].fingerprint or {}, **{"params.seq_len": 4096, "device": "H800 PCIe"})
+    verdict = judge(rel, good, baseline=replace(baseline, case, fingerprint=other))
+    [reason] = only(verdict, "regression", case)
+    assert reason.status == "INCOMPLETE" and "fingerprints differ" in reason.message
+    assert "params.seq_len" in reason.message and "H800 PCIe" in reason.message
+    assert verdict.verdict == "INCOMPLETE"
+
+
+def test_a_waiver_covers_exactly_its_check(rel, good):
+    """A case that failed on low agreement, once the agreement is waived, is still judged by its threshold."""
+    case = "infer/tq/w8a8"
+    bad = replace(good, case, status="failed", error_class="low_agreement", error="agreement 0.5 < 0.9",
+                  metrics={**good[case].metrics, "token_agreement": 0.5, "latency_s_p90": 9.0})
+    waiver = Waiver(id="W-agree", cases=case, check="agreement", reason="accepted", expires=TODAY)
+    verdict = judge(rel, bad, waivers=[waiver])
+    assert only(verdict, "agreement", case)[0].status == "WAIVED"
+    [threshold] = only(verdict, "threshold:latency_s_p90", case)
+    assert threshold.status == "FAIL" and verdict.verdict == "FAIL"
+
+
+def test_regression_judges_every_listed_metric_in_its_own_direction(good, baseline):
+    rel = release(gate_extra={"regression": {"metrics": {"train": ["tokens_per_s", "peak_memory_bytes"],
+                                                         "infer": "output_tokens_per_s"}}})
+    case = next(c for c in cases_of(rel) if c.case_id == "train/tiny/base")
+    grown = dict(good)
+    grown[case.case_id] = dataclasses.replace(good[case.case_id], metrics={**good[case.case_id].metrics,
+                                                                            "peak_memory_bytes": 2.0e9})
+    base = dict(baseline)
+    base[case.case_id] = dataclasses.replace(baseline[case.case_id], metrics={**baseline[case.case_id].metrics,
+                                                                               "peak_memory_bytes": 1.0e9})
+    verdict = judge(rel, grown, baseline=base)
+    by_metric = {r.figures.get("metric"): r for r in only(verdict, "regression", case.case_id)}
+    assert by_metric["tokens_per_s"].status == "PASS"
+    assert by_metric["peak_memory_bytes"].status == "FAIL"  # lower is better: doubling memory regresses
+
+
+def test_gain_check_is_noise_aware(good):
+    """min_gain 0.0 and a variant that changes nothing: inconclusive (INCOMPLETE), never a coin-flip FAIL."""
+    rel = release(gate_extra={"variant_gains": [{"variant": "compile", "baseline": "base", "min_gain": 0.0}]})
+    outcomes = set()
+    for seed in range(20):
+        same = {cid: as_result(c, good_doc(c, seed=seed, gain={}, noise=0.03)) for cid, c in
+                {c.case_id: c for c in cases_of(rel)}.items()}
+        outcomes.add(only(judge(rel, same), "variant_gain")[0].status)
+    assert "FAIL" not in outcomes and "INCOMPLETE" in outcomes
+    clear = {cid: as_result(c, good_doc(c, gain={"compile": 1.3})) for cid, c in
+             {c.case_id: c for c in cases_of(rel)}.items()}
+    assert only(judge(rel, clear), "variant_gain")[0].status == "PASS"
+    slower = {cid: as_result(c, good_doc(c, gain={"compile": 0.7})) for cid, c in
+              {c.case_id: c for c in cases_of(rel)}.items()}
+    assert only(judge(rel, slower), "variant_gain")[0].status == "FAIL"
+
+
+def test_retried_cases_are_shown(rel, good):
+    verdict = judge(rel, replace(good, "train/tiny/base", attempts=2))
+    [reason] = only(verdict, "retries", "train/tiny/base")
+    assert reason.status == "PASS" and "2 attempts" in reason.message

@@ -89,8 +89,13 @@ def good_doc(case: Case, *, scale: float = 1.0, seed: int = 0, n: int = 5, noise
     gain = {"compile": 1.3} if gain is None else gain
     if case.kind == "train":
         series = noisy(1000 * scale * gain.get(case.variant or "", 1.0), n, noise, seed)
-        return result_doc(case, metrics={"tokens_per_s": float(np.median(series)), "mfu": None},
-                          samples={"tokens_per_s": series})
+        doc = result_doc(case, metrics={"tokens_per_s": float(np.median(series)), "mfu": None},
+                         samples={"tokens_per_s": series})
+        # the evidence a real training workload reports when a variant's switch took effect
+        doc["environment"].update({"compile_graphs": 1 if case.params.get("compile") else 0,
+                                   "compile_graph_breaks": 0,
+                                   "checkpointed_layers": 2 if case.params.get("activation_checkpointing") else 0})
+        return doc
     if case.kind == "infer":
         series = noisy(200 * scale, n, noise, seed + 1)
         return result_doc(case, metrics={"output_tokens_per_s": float(np.median(series)), "token_agreement": 0.99,

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:
     from qualify.cases import Case
 
-# Case parameters that do not change the measured figures.
-NOT_MEASUREMENT = frozenset({"probes", "min_agreement"})
+# Case parameters that do not change the measured figures (the synthetic workload's `samples`, `fail`
+# and `signal` ARE its measurements and faults, not settings of a measurement).
+NOT_MEASUREMENT = frozenset({"probes", "min_agreement", "min_token_agreement", "samples", "fail", "signal"})
 
 
 def result_fingerprint(kind: str, params: Mapping[str, Any], environment: Mapping[str, Any],

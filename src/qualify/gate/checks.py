@@ -490,6 +490,42 @@ def check_variant_gains(policy: GatePolicy, cases: Sequence[Case], results: Mapp
     return reasons
 
 
+# --------------------------------------------------------------------------- variant evidence
+
+
+def check_variant_evidence(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """A training variant counts only when the workload reports that its switch took effect
+    (DESIGN.md, "evidence over flags"): compile produced graphs, checkpointing wrapped layers."""
+    reasons: list[Reason] = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if case.kind != "train" or result is None or result.status != "passed":
+            continue
+        env = result.environment
+        problems, facts = [], []
+        if case.params.get("compile"):
+            graphs, breaks = env.get("compile_graphs"), env.get("compile_graph_breaks")
+            if not isinstance(graphs, int) or graphs <= 0:
+                problems.append(f"torch.compile was asked for but no compiled graph was reported "
+                                f"(compile_graphs={graphs!r}): the variant ran eager")
+            else:
+                facts.append(f"{graphs} compiled graph(s), {breaks if breaks is not None else 'n/a'} graph break(s)")
+        if case.params.get("activation_checkpointing"):
+            layers = env.get("checkpointed_layers")
+            if not isinstance(layers, int) or layers <= 0:
+                problems.append(f"activation checkpointing was asked for but no layer was checkpointed "
+                                f"(checkpointed_layers={layers!r})")
+            else:
+                facts.append(f"{layers} checkpointed layer(s)")
+        figures = {k: env.get(k) for k in ("compile_graphs", "compile_graph_breaks", "checkpointed_layers",
+                                            "activation_memory_bytes") if k in env}
+        if problems:
+            reasons.append(Reason("variant_evidence", case.case_id, FAIL, "; ".join(problems), figures))
+        elif facts:
+            reasons.append(Reason("variant_evidence", case.case_id, PASS, "; ".join(facts), figures))
+    return reasons
+
+
 # --------------------------------------------------------------------------- waivers
 
 

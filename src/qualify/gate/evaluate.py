@@ -22,6 +22,7 @@ from qualify.gate.checks import (
     check_regression,
     check_retries,
     check_thresholds,
+    check_variant_evidence,
     check_variant_gains,
 )
 from qualify.manifest import Component, GatePolicy, Waiver
@@ -90,6 +91,7 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_probes(policy, cases, current)
     reasons += check_regression(policy, cases, current, base, baseline_label, previous_named=previous_named)
     reasons += check_variant_gains(policy, cases, current)
+    reasons += check_variant_evidence(cases, current)
     reasons += check_retries(cases, current)
     reasons = apply_waivers(reasons, policy.waivers if waivers is None else waivers, today)
     return Judgement(decide(reasons), reasons)
