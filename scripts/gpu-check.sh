@@ -1,55 +1,80 @@
 #!/usr/bin/env bash
-# Training-throughput check of the llama3-8b architecture on one NVIDIA GPU.
+# Training-throughput check of the llama3-8b architecture on one NVIDIA GPU, in one
+# command that ends within its budget (default 420 s, at most 480 s = 8 minutes).
 #
-#   scripts/gpu-check.sh [--layers auto|N] [--seq-len 8192] [--micro-batch 1]
+#   scripts/gpu-check.sh [--wheelhouse DIR] [--budget-s 420] [--out DIR]
+#                        [--layers auto|N] [--seq-len 8192] [--micro-batch 1]
 #                        [--steps 10] [--warmup 3] [--repeats 3]
-#                        [--variants "base compile ckpt compile+ckpt"] [--out DIR]
+#                        [--variants "base ckpt compile compile+ckpt"]
+#                        [--bare-precision master|pure] [--no-bare] [--cpu-smoke]
 #
 # Runs qualify.workloads.train (DeepSpeed, bf16, ZeRO stage 0, one process) once per
-# variant and prints tokens/s, model TFLOP/s per GPU and MFU (peak from the workload's
-# table, matched on the GPU name). Random weights: no download is needed.
+# variant, and a bare PyTorch loop (scripts/gpu_bare_loop.py: same model, micro-batch,
+# sequence length and steps; AdamW with fp32 master weights as DeepSpeed keeps them; no
+# DeepSpeed, no qualify) in the same run, so harness/bare is a side-by-side ratio.
+# Reports tokens/s, model TFLOP/s per GPU and MFU (peak from the workload's table,
+# matched on the GPU name). Random weights: nothing is downloaded.
+# The driver is scripts/gpu_check.py (its docstring has the details).
 #
-# --layers auto (default) tries the full 32 layers first and only if the base variant
-# runs out of memory retries with 24, then 16, then 8 layers; every variant then uses
-# the layer count that fitted, so the variants compare like for like. (Full llama3-8b
-# with AdamW needs ~120 GiB of weights+grads+fp32 master+moments before activations.)
+# --layers auto (default) takes the largest of 32, 24, 16, 8 layers that trains: a
+# count whose training state alone exceeds the GPU's memory is skipped without a
+# try, an OOM retries with fewer layers; every variant then uses that count, so the
+# variants compare like for like. (Full llama3-8b with this optimizer needs about 20
+# bytes a parameter, ~150 GiB, before activations.)
 #
-# Python: $PYTHON if set; else python3 if it already has CUDA torch, deepspeed and
-# transformers; else a venv at $QUALIFY_GPU_VENV (default ~/.cache/qualify/gpu-venv)
-# with torch from $TORCH_INDEX_URL (default: PyPI, whose Linux wheel is the CUDA build)
-# and deepspeed + transformers from the default index (PIP_INDEX_URL / PIP_FIND_LINKS
-# are honoured, for a mirror or a wheelhouse).
+# --budget-s: the whole command, this script's set-up included, ends by then. Before
+# each run the rest is re-planned from the measured cost of the runs so far: first
+# fewer steps/repeats, then variants are dropped (compile+ckpt, then compile, then
+# ckpt); base and the bare loop always run. Each run is killed at the deadline.
 #
-# Smoke test of this script without a GPU (CI, or here): GPU_CHECK_CPU_SMOKE=1
-# GPU_CHECK_PRESET=tiny-llama scripts/gpu-check.sh --layers 2 --seq-len 64 --steps 2
+# Output (--out, default $OUT when set, else ~/.cache/qualify/gpu-check/<time>):
+# gpu-check.json (per variant: layers, seq_len, micro_batch, tokens/s, TFLOP/s per
+# GPU, MFU; the bare loop's tokens/s; harness_over_bare), gpu-check.txt (the table),
+# and each run's case, result document and log.
+#
+# Python: $PYTHON if set, else python3. When it lacks deepspeed (or hjson, pydantic):
+#   --wheelhouse DIR  installs only what is missing, from the wheels in DIR, never from
+#                     an index: pip (run from DIR's own pip wheel) resolves DIR's
+#                     requirements.txt against what the interpreter already has
+#                     (`--dry-run --report`, `--no-index`), then installs exactly the
+#                     missing wheels with --no-deps into a site folder ($GPU_CHECK_SITE,
+#                     default ~/.cache/qualify/gpu-site/py<X.Y>) that is put first on
+#                     PYTHONPATH; a second resolution must then find nothing missing.
+#                     Make DIR here with scripts/gpu-wheelhouse.sh DIR.
+#   without it        a venv at $QUALIFY_GPU_VENV (default ~/.cache/qualify/gpu-venv)
+#                     installed from a package index (needs one).
+# qualify itself runs from this checkout (PYTHONPATH=src), it is never installed.
+#
+# On the GPU machine (no index; python3 3.12 with CUDA torch and transformers), from
+# the repository root with .gpu-wheelhouse carried:
+#   scripts/gpu-check.sh --wheelhouse .gpu-wheelhouse --budget-s 420
+#
+# CPU smoke test of the script (CI, or here): --cpu-smoke (or GPU_CHECK_CPU_SMOKE=1)
+# trains the tiny-llama preset, 2 layers, seq 64, 1 warm-up + 2 steps, one thread.
 set -euo pipefail
-PRESET=${GPU_CHECK_PRESET:-llama3-8b}
+T0=$(date +%s.%N)
+export GPU_CHECK_T0=$T0
 SMOKE=${GPU_CHECK_CPU_SMOKE:-0}
-
-LAYERS=auto SEQ_LEN=8192 MICRO=1 STEPS=10 WARMUP=3 REPEATS=3
-VARIANTS="base compile ckpt compile+ckpt"
-OUT=""
+WHEELHOUSE=""
+ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --layers) LAYERS=$2; shift 2 ;;
-    --seq-len) SEQ_LEN=$2; shift 2 ;;
-    --micro-batch) MICRO=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --warmup) WARMUP=$2; shift 2 ;;
-    --repeats) REPEATS=$2; shift 2 ;;
-    --variants) VARIANTS=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-    *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
+    --wheelhouse) [ $# -ge 2 ] || { echo "gpu-check: --wheelhouse needs a folder" >&2; exit 2; }
+                  WHEELHOUSE=$2; shift 2 ;;
+    --wheelhouse=*) WHEELHOUSE=${1#*=}; shift ;;
+    --cpu-smoke) SMOKE=1; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) ARGS+=("$1"); shift ;;
   esac
 done
 
 die() { echo "gpu-check: $*" >&2; exit 2; }
 
 if [ "$SMOKE" = 1 ]; then
-  echo "gpu-check: CPU smoke test of the script (GPU_CHECK_CPU_SMOKE=1), figures mean nothing"
+  echo "gpu-check: CPU smoke test of the script, figures mean nothing"
+  ARGS=(--cpu-smoke ${ARGS[@]+"${ARGS[@]}"})
 else
-  command -v nvidia-smi >/dev/null 2>&1 || die "no nvidia-smi: this check needs an NVIDIA GPU"
+  command -v nvidia-smi >/dev/null 2>&1 || die "no nvidia-smi: this check needs an NVIDIA GPU (or --cpu-smoke)"
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) || true
   [ -n "${GPU_NAME:-}" ] || die "nvidia-smi lists no GPU"
   echo "gpu-check: GPU 0 is ${GPU_NAME}; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
@@ -57,28 +82,82 @@ fi
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${QUALIFY_CACHE_DIR:-$HOME/.cache/qualify}
-OUT=${OUT:-$CACHE/gpu-check/$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$CACHE/torch_extensions}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$CACHE/inductor}
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 
+# Does $1 have the stack? On success STACK holds its versions.
+STACK=""
 has_stack() {
-  SMOKE=$SMOKE "$1" - <<'EOF' >/dev/null 2>&1
-import os, torch, deepspeed, transformers
+  STACK=$(SMOKE=$SMOKE timeout 120 "$1" - 2>/dev/null <<'EOF'
+import os, platform, torch, deepspeed, transformers, hjson, pydantic
 assert torch.cuda.is_available() or os.environ["SMOKE"] == "1"
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "deepspeed", deepspeed.__version__, "transformers", transformers.__version__,
+      "pydantic", pydantic.VERSION)
 EOF
+) && [ -n "$STACK" ]
 }
 
-if [ -n "${PYTHON:-}" ]; then
-  has_stack "$PYTHON" || die "\$PYTHON=$PYTHON lacks CUDA torch, deepspeed or transformers"
-elif command -v python3 >/dev/null 2>&1 && has_stack python3; then
-  PYTHON=python3
+# Install what $1 lacks from the wheelhouse into a site folder first on PYTHONPATH.
+from_wheelhouse() {
+  local py=$1 wh=$2 pip site ver report
+  [ -d "$wh" ] || die "--wheelhouse $wh: no such folder (make it with scripts/gpu-wheelhouse.sh $wh)"
+  wh=$(cd "$wh" && pwd)
+  [ -f "$wh/requirements.txt" ] || die "$wh has no requirements.txt: not made by scripts/gpu-wheelhouse.sh"
+  pip=$(ls "$wh"/pip-*.whl 2>/dev/null | head -1)
+  [ -n "$pip" ] || die "$wh has no pip wheel: remake it with scripts/gpu-wheelhouse.sh"
+  ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || die "$py does not run"
+  site=${GPU_CHECK_SITE:-$CACHE/gpu-site/py$ver}
+  mkdir -p "$site"
+  export PYTHONPATH="$site:$PYTHONPATH"
+  # pip from the wheelhouse's own wheel, no index, no config file, no cache:
+  pipw() { timeout 180 "$py" "$pip/pip" --isolated --disable-pip-version-check --no-cache-dir "$@"; }
+  report=$site/.missing.json
+  # What is missing, resolved against what this interpreter (and the site folder) has.
+  pipw install --dry-run --quiet --report "$report" --no-index --find-links "$wh" \
+      --only-binary=:all: -r "$wh/requirements.txt" \
+    || die "the wheelhouse $wh cannot satisfy $py (see pip's message above)"
+  local missing
+  missing=$("$py" - "$report" <<'EOF'
+import json, sys, urllib.parse, urllib.request
+items = json.load(open(sys.argv[1]))["install"]
+for it in items:
+    print(urllib.request.url2pathname(urllib.parse.urlparse(it["download_info"]["url"]).path))
+EOF
+) || die "could not read pip's report $report"
+  if [ -z "$missing" ]; then
+    echo "gpu-check: nothing missing: $py already has what $wh/requirements.txt needs"
+  else
+    echo "gpu-check: installing from $wh into $site (no index): $(echo "$missing" | xargs -n1 basename | tr '\n' ' ')"
+    # shellcheck disable=SC2086
+    pipw install --quiet --no-index --no-deps --upgrade --target "$site" $missing \
+      || die "installing the wheels into $site failed"
+    pipw install --dry-run --quiet --report "$report" --no-index --find-links "$wh" \
+        --only-binary=:all: -r "$wh/requirements.txt" || die "resolution after the install failed"
+    missing=$("$py" -c 'import json,sys; print(" ".join(i["metadata"]["name"] for i in json.load(open(sys.argv[1]))["install"]))' "$report")
+    [ -z "$missing" ] || die "still missing after the install: $missing"
+  fi
+}
+
+BASE_PY=${PYTHON:-python3}
+command -v "$BASE_PY" >/dev/null 2>&1 || die "no $BASE_PY"
+if has_stack "$BASE_PY"; then
+  PY=$BASE_PY
+elif [ -n "$WHEELHOUSE" ]; then
+  from_wheelhouse "$BASE_PY" "$WHEELHOUSE"
+  PY=$BASE_PY
+  has_stack "$PY" || {
+    SMOKE=$SMOKE "$PY" -c 'import os, torch, deepspeed, transformers; assert torch.cuda.is_available() or os.environ["SMOKE"] == "1", "torch sees no CUDA GPU"' >&2 || true
+    die "$PY still lacks torch with CUDA, deepspeed or transformers after the wheelhouse install"
+  }
+elif [ -n "${PYTHON:-}" ]; then
+  die "\$PYTHON=$PYTHON lacks CUDA torch, deepspeed or transformers (give --wheelhouse DIR)"
 else
   VENV=${QUALIFY_GPU_VENV:-$CACHE/gpu-venv}
   if [ ! -x "$VENV/bin/python" ] || ! has_stack "$VENV/bin/python"; then
-    echo "gpu-check: creating $VENV (torch, deepspeed, transformers)"
+    echo "gpu-check: creating $VENV from a package index (torch, deepspeed, transformers)"
     python3 -m venv "$VENV" || die "python3 -m venv failed (install python3-venv)"
     "$VENV/bin/pip" install -q --upgrade pip
     if [ -n "${TORCH_INDEX_URL:-}" ]; then
@@ -88,91 +167,9 @@ else
     fi
     "$VENV/bin/pip" install -q deepspeed transformers
   fi
-  PYTHON=$VENV/bin/python
-  has_stack "$PYTHON" || die "the venv's torch does not see a CUDA GPU (wrong wheel? set TORCH_INDEX_URL)"
+  PY=$VENV/bin/python
+  has_stack "$PY" || die "the venv's torch does not see a CUDA GPU (wrong wheel? set TORCH_INDEX_URL)"
 fi
-"$PYTHON" -c 'import torch, deepspeed, transformers as t; print("gpu-check: torch", torch.__version__, "cuda", torch.version.cuda, "deepspeed", deepspeed.__version__, "transformers", t.__version__)'
+echo "gpu-check: $(echo "$STACK" | tail -1)"
 
-# One case: variant, layers -> result document in $OUT/<variant>-L<layers>.json
-run_variant() {
-  local variant=$1 layers=$2 doc=$OUT/$1-L$2.json
-  "$PYTHON" - "$variant" "$layers" "$OUT" "$SEQ_LEN" "$MICRO" "$STEPS" "$WARMUP" "$REPEATS" "$PRESET" <<'EOF'
-import json, sys
-from qualify.workloads import protocol
-from qualify.workloads.train.models import PRESETS
-variant, layers, out, seq, micro, steps, warmup, repeats, preset = sys.argv[1:]
-cfg = f"{out}/{preset}-L{layers}.json"
-json.dump({**PRESETS[preset], "num_hidden_layers": int(layers)}, open(cfg, "w"))
-params = {"model": f"{preset}-L{layers}", "model_config_path": cfg, "seq_len": int(seq),
-          "micro_batch": int(micro), "steps": int(steps), "warmup_steps": int(warmup),
-          "repeats": int(repeats), "dtype": "bf16", "zero_stage": 0,
-          "compile": "compile" in variant,
-          "activation_checkpointing": "all" if "ckpt" in variant else "none"}
-case = protocol.make_case(f"train/{preset}-L{layers}/{variant}", "train", params, timeout_s=3600)
-json.dump(case, open(f"{out}/{variant}-L{layers}.case.json", "w"))
-EOF
-  echo "gpu-check: running $variant with $layers layers (log: $OUT/$variant-L$layers.log)" >&2
-  "$PYTHON" -m qualify.workloads.train --case "$OUT/$variant-L$layers.case.json" \
-    2>"$OUT/$variant-L$layers.log" | tail -1 >"$doc" || true
-  "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("error_class") or d["status"])' "$doc" 2>/dev/null || echo crash
-}
-
-if [ "$LAYERS" = auto ]; then
-  [ "$PRESET" = llama3-8b ] || die "--layers auto is for llama3-8b (32 layers)"
-  CHOSEN=""
-  for n in 32 24 16 8; do
-    outcome=$(run_variant base "$n")
-    echo "gpu-check: base with $n layers: $outcome"
-    if [ "$outcome" = passed ]; then CHOSEN=$n; break; fi
-    [ "$outcome" = oom ] || die "base variant failed ($outcome) with $n layers; see $OUT/base-L$n.log"
-  done
-  [ -n "$CHOSEN" ] || die "even 8 layers do not fit"
-  LAYERS=$CHOSEN
-  [ "$LAYERS" = 32 ] || echo "gpu-check: NOTE reduced to $LAYERS of 32 layers to fit one GPU"
-else
-  run_variant base "$LAYERS" >/dev/null
-fi
-for v in $VARIANTS; do
-  [ "$v" = base ] && continue
-  run_variant "$v" "$LAYERS" >/dev/null
-done
-
-"$PYTHON" - "$OUT" "$LAYERS" "$PRESET" $VARIANTS <<'EOF'
-import json, sys
-from qualify.workloads.train.models import PRESETS
-out, layers, preset, variants = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-full = PRESETS[preset]["num_hidden_layers"]
-def f(x, fmt):
-    return "n/a" if x is None else format(x, fmt)
-rows, base_tps = [], None
-print(f"\n{preset} architecture, {layers}/{full} layers, DeepSpeed bf16 ZeRO-0, one device; documents in {out}")
-print(f"{'variant':14} {'status':8} {'tokens/s':>10} {'vs base':>8} {'TFLOP/s/GPU':>12} {'MFU':>7} "
-      f"{'step s':>8} {'cv':>6} {'peak GiB':>9} {'compile s':>9} {'ckpt layers':>11}")
-for v in variants:
-    try:
-        d = json.load(open(f"{out}/{v}-L{layers}.json"))
-    except Exception:
-        print(f"{v:14} {'no document'}"); continue
-    m, e = d.get("metrics") or {}, d.get("environment") or {}
-    tps = m.get("tokens_per_s")
-    if v == "base":
-        base_tps = tps
-    ratio = tps / base_tps if tps and base_tps else None
-    status = d["status"] if d["status"] == "passed" else (d.get("error_class") or d["status"])
-    mem = m.get("peak_memory_bytes")
-    print(f"{v:14} {status:8} {f(tps, '10.1f'):>10} {f(ratio, '.3f'):>8} "
-          f"{f(m.get('tflops_per_device'), '.1f'):>12} {f(m.get('mfu'), '.3f'):>7} "
-          f"{f(m.get('step_time_s_median'), '.3f'):>8} {f(m.get('cv_tokens_per_s'), '.3f'):>6} "
-          f"{f(mem / 2**30 if mem else None, '.1f'):>9} {f(m.get('compile_time_s'), '.1f'):>9} "
-          f"{str(e.get('checkpointed_layers', 'n/a')):>11}")
-    if d["status"] != "passed":
-        print(f"{'':14} {d.get('error')}")
-name = None
-for v in variants:
-    try:
-        name = json.load(open(f"{out}/{v}-L{layers}.json"))["environment"].get("device_name")
-        break
-    except Exception:
-        pass
-print(f"device {name}; MFU is null when the device is not in qualify/workloads/train/mfu.py")
-EOF
+exec "$PY" "$REPO/scripts/gpu_check.py" --python "$PY" ${ARGS[@]+"${ARGS[@]}"}
