@@ -19,7 +19,6 @@ def prepare_environment(settings: Settings, verbose: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     # The ephemeral API server takes ~10 s to start, far longer on a loaded 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # The flow reads the database from the environment: a URL (with its password) is never a
     # flow parameter, which the Prefect UI would show.

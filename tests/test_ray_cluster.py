@@ -23,13 +23,16 @@ from flowkit import free_port, results, run_qualify, sleep_manifest
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
+JOIN_ENV = {"RAY_AUTH_MODE": "disabled"}
 
 
 @pytest.fixture
 def ray_cluster(tmp_path: Path):
     """`ray start --head` and a second `ray start` node, each --block in its own process group,
     so that the teardown stops exactly this cluster (never `ray stop`, which stops every Ray)."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    # The user's own cluster with its own settings (token authentication off here); qualify, joining it,
+    # brings the same settings (JOIN_ENV), as any client of that cluster must.
+    env = {**os.environ, **JOIN_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
     port = free_port()
     temp = f"/tmp/qrc-{port}"
     address = f"127.0.0.1:{port}"
@@ -82,7 +85,7 @@ def test_gpu_cases_land_on_the_gpu_node_and_infeasible_cases_fail_fast(tmp_path:
          "resources": {"cpus": 1, "accelerator_type": "PPU"}},
     ], timeout_s=120)
     res = run_qualify(["run", str(manifest), "--db", db, "--ray-address", ray_cluster, "--json"], tmp_path,
-                      timeout=600)
+                      timeout=600, **JOIN_ENV)
     assert res.returncode == 1, res.stdout + res.stderr  # the infeasible cases make the verdict non-PASS
     outcome = json.loads(res.stdout)
     got = results(db, outcome["run_id"])

@@ -42,19 +42,35 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
     address = address or settings.ray_address or None
     if ray.is_initialized():
         return RayHandle(address, started_here=False)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray's token authentication stays as the user (or the joined cluster) configured it: never forced off.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address:
         # A remote cluster gets the workload package (and the executors) with the job.
         ray.init(address=address, log_to_driver=True, ignore_reinit_error=True,
                  runtime_env={"py_modules": [str(QUALIFY_PACKAGE_DIR)]})
         return RayHandle(address, started_here=True)
+    bind_local_cluster_to_loopback()
     temp = settings.ray_temp_dir or Path(tempfile.gettempdir()) / "qualify-ray"
     temp.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
              _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
              configure_logging=False)
     return RayHandle(None, started_here=True)
+
+
+def bind_local_cluster_to_loopback() -> None:
+    """A cluster started by qualify listens on 127.0.0.1 only (GCS, raylet, workers, agents).
+
+    Ray resolves "127.0.0.1" given as the node address to the machine's routable address
+    (services.resolve_ip_for_localhost) and then binds its servers to every interface. Its single-machine
+    mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read by services.get_node_ip_address) uses the loopback
+    address instead. The variable is set for the processes Ray starts, and the constant Ray already read
+    at import is set for this one. A listener test (tests) catches a Ray upgrade that changes this.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def ray_options(resources: Resources) -> dict[str, Any]:
