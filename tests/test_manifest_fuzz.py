@@ -62,3 +62,29 @@ def test_mutated_manifest_never_crashes(tmp_path_factory, path: tuple, action: s
     assert "Traceback" not in result.output
     if result.exit_code == 2:
         assert str(target) in result.output
+
+
+# Hostile YAML text, spliced into a real manifest at a random line: anchors and aliases,
+# complex keys, tags, nesting, scalars that look like dates or huge numbers, control bytes.
+BASE_LINES = (REPO / "releases" / "training-xpu-pytorch-25.05.yaml").read_text().splitlines()
+YAML_BITS = st.sampled_from([
+    "&a ", "*a", "? ", ": ", "- ", "[", "]", "{", "}", ", ", "<<: ", "!!set ", "!!binary ", "!!timestamp ",
+    "!!python/object:os.system ", "!custom ",
+    "!!int ", "!!float ", "!!bool ", "!!str ", "!!map ", "!!seq ", "!!omap ", "!!pairs ", "!!null ", "2025-13-45", "2025-02-29", "9" * 5000, "1e400", ".nan", "0x1F",
+    "true", "~", "'", '"', "#", "\t", "\n", "  ", "    ", "é", "\x00", "\ufeff", "%YAML 1.1\n", "---\n", "...\n",
+    "count: ", "case_timeout_s: ", "expected: ", "preset: ", "model: ",
+])
+snippets = st.lists(st.one_of(YAML_BITS, st.text(max_size=4)), max_size=24).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(line=st.integers(0, len(BASE_LINES)), snippet=snippets)
+def test_spliced_yaml_never_crashes(line: int, snippet: str) -> None:
+    from qualify.manifest_load import LIMITS, ManifestError, load_manifest_text
+
+    text = "\n".join(BASE_LINES[:line] + [snippet] + BASE_LINES[line:]) + "\n"
+    try:
+        load_manifest_text(text, "m.yaml", check_expiry=False)
+    except ManifestError as exc:
+        assert exc.problems and all(p.file == "m.yaml" for p in exc.problems)
+        assert len(exc.problems) <= LIMITS.max_problems + 1

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from qualify.manifest import Release, Resources, TrainModel, TrainVariant
-from qualify.manifest_load import merged_infer_settings
+from qualify.manifest_load import ManifestError, case_count_problem, merged_infer_settings
 from qualify.workloads import protocol
 from qualify.workloads.merge import deep_merge
 
@@ -73,7 +73,12 @@ class Case:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def expand(release: Release) -> list[Case]:
+def expand(release: Release, name: str = "<manifest>") -> list[Case]:
+    """The cases of a release; ManifestError when there would be more than the case cap
+    (load_manifest refuses such a manifest already; this guards a Release built otherwise)."""
+    too_many = case_count_problem(release, name)
+    if too_many is not None:
+        raise ManifestError([too_many])
     cases: list[Case] = []
     timeout = release.execution.case_timeout_s
     if release.training is not None:

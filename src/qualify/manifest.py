@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import functools
 import re
+import types
+import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from qualify import metrics as metric_info
 from qualify.imageref import InvalidReference, parse_reference
-from qualify.versions import MatchRule
+from qualify.versions import MatchRule, is_parseable
 from qualify.workloads.infer.params import (  # noqa: F401 - ENGINE_SCHEMES, PREQUANTIZED_SCHEMES: re-exported
     ENGINE_SCHEMES,
     ENGINES,
@@ -42,7 +45,101 @@ WAIVER_MAX_MODEL_LEN = "max_model_len_limit"
 
 
 class Strict(BaseModel):
+    """Base of every manifest model: unknown keys are errors, and a boolean is never a
+    number (pydantic's lax mode reads ``case_timeout_s: true`` as 1 and ``zero_stage: true``
+    as stage 1; even strict mode lets True through a Literal[0, 1, 2, 3])."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        where = _boolean_for_number(field.annotation, value) if field is not None else None
+        if where is not None:
+            raise ValueError(f"expected a number, not a boolean{where}")
+        return value
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a value of this type may be True/False (bool, Any, a Literal of booleans)."""
+    if annotation is bool or annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _takes_bool(typing.get_args(annotation)[0])
+    if origin is Literal:
+        return any(isinstance(v, bool) for v in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_bool(a) for a in typing.get_args(annotation))
+    return False
+
+
+def _takes_number(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _takes_number(typing.get_args(annotation)[0])
+    if origin is Literal:
+        return any(isinstance(v, (int, float)) for v in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_number(a) for a in typing.get_args(annotation))
+    return False
+
+
+def _boolean_for_number(annotation: Any, value: Any) -> str | None:
+    """None when fine; else where a boolean stands for a number ("" for the value itself,
+    " (at key 'x')" inside a dict or list of numbers). Nested models check their own fields."""
+    if isinstance(value, bool):
+        return "" if _takes_number(annotation) and not _takes_bool(annotation) else None
+    origin = typing.get_origin(annotation)
+    if origin is Annotated or origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation)[:1] if origin is Annotated else typing.get_args(annotation):
+            found = _boolean_for_number(arg, value)
+            if found is not None:
+                return found
+        return None
+    if origin is dict and isinstance(value, dict):
+        item_type = typing.get_args(annotation)[1]
+        for key, item in value.items():
+            found = _boolean_for_number(item_type, item)
+            if found is not None:
+                return found or f" (at key {key!r})"
+    if origin is list and isinstance(value, list):
+        item_type = typing.get_args(annotation)[0]
+        for index, item in enumerate(value):
+            found = _boolean_for_number(item_type, item)
+            if found is not None:
+                return found or f" (at index {index})"
+    return None
+
+
+# The workloads' model tables, read in this one place: re-point these imports when the
+# modules move. train_models is standard library only; infer_models imports torch at module
+# level (about 1.3 s), so it is imported only when a manifest names a bare inference model.
+@functools.lru_cache(maxsize=1)
+def training_presets() -> frozenset[str]:
+    from qualify.workloads.train import models as train_models
+
+    return frozenset(train_models.PRESETS)
+
+
+@functools.lru_cache(maxsize=1)
+def inference_model_names() -> frozenset[str] | None:
+    """Tiny presets and real-model names, or None when the module cannot be imported here
+    (no torch in this environment): the workload still refuses an unknown name at run time."""
+    try:
+        from qualify.workloads.infer import models as infer_models
+    except ImportError:
+        return None
+    return frozenset(infer_models.TINY_PRESETS) | frozenset(infer_models.REAL_MODELS)
+
+
+def is_model_path(name: str) -> bool:
+    """A model given as a directory or a hub id (``/models/x``, ``./x``, ``Qwen/Qwen3-8B``)
+    rather than a bare preset or real-model name; only bare names can be checked here."""
+    return "/" in name or name.startswith((".", "~")) or "\\" in name
 
 
 # --------------------------------------------------------------------------- release
@@ -145,6 +242,21 @@ class Component(Strict):
     # env: the variable holding the version.
     env: str | None = None
     optional: bool = False
+
+    @field_validator("expected")
+    @classmethod
+    def _expected(cls, value: str) -> str:
+        # An empty prefix matches every version, and versions.matches fails on it at run time.
+        if not value.strip():
+            raise ValueError("is empty: give the version to expect")
+        return value
+
+    @model_validator(mode="after")
+    def _comparable(self) -> "Component":
+        if self.match in ("public", "min") and not is_parseable(self.expected):
+            raise ValueError(f"expected {self.expected!r} has no version number, which match "
+                             f"{self.match!r} compares (use match 'exact' or 'prefix' for text)")
+        return self
 
     @model_validator(mode="after")
     def _source_fields(self) -> "Component":
@@ -298,7 +410,8 @@ class CustomCase(Strict):
     kind: Literal["sleep", "synthetic"]
     params: dict[str, Any] = Field(default_factory=dict)
     resources: Resources | None = None
-    count: int = Field(default=1, ge=1, le=10_000)
+    # No upper bound here: the total over the manifest is capped (manifest_load.LIMITS.max_cases).
+    count: int = Field(default=1, ge=1)
 
 
 # --------------------------------------------------------------------------- gate policy
@@ -450,6 +563,18 @@ class Release(Strict):
             seen.add((custom.kind, custom.name))
         _no_duplicates([c.name for c in self.components], "components")
         return self
+
+    def case_counts(self) -> dict[str, int]:
+        """How many cases each part of the matrix expands to, by field path, computed
+        without expanding anything (the case cap is checked on this, in microseconds)."""
+        counts: dict[str, int] = {}
+        if self.training is not None:
+            counts["training"] = len(self.training.models) * len(self.training.variants)
+        if self.inference is not None:
+            counts["inference"] = sum(len(m.schemes) for m in self.inference.models)
+        for k, custom in enumerate(self.custom_cases):
+            counts[f"custom_cases[{k}].count"] = custom.count
+        return counts
 
     @property
     def candidate_reference(self) -> str:

@@ -2,6 +2,10 @@
 
 A problem names the file, the field path (``inference.models[1].schemes[0]``)
 and what is wrong; callers print them and exit 2. No traceback reaches a user.
+
+A manifest is hostile input until proven otherwise: the file type and size, YAML
+anchors and aliases, nesting depth, the number of expanded cases and the number of
+problems printed all have caps (``LIMITS``), and a message that hits one names it.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import hashlib
+import os
+import stat
 import types
 import typing
 from dataclasses import dataclass
@@ -30,7 +36,47 @@ from qualify.manifest import (
     InferSettings,
     PREQUANTIZED_SCHEMES,
     Release,
+    inference_model_names,
+    is_model_path,
+    training_presets,
 )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on hostile input. Each is far above what a real release needs and far below
+    what hurts: the worst input within them is refused in a few seconds."""
+
+    # The 36-component XPU release manifest is 8.5 KiB; 256 KiB is 30x that. Size bounds
+    # the work before any other cap applies: the worst 256 KiB manifest (350,000 empty
+    # waivers, 4 problems each) is refused in about 3 s and 400 MB; at 1 MiB it was 10 s.
+    max_bytes: int = 256 << 10
+    # Collections inside collections. The shipped manifests nest 6 to 8 levels (the XPU
+    # release's deepspeed_config); 64 leaves room and stays far below Python's recursion
+    # limit (1000) that the YAML composer, pydantic and case freezing recurse against.
+    max_depth: int = 64
+    # Cases one manifest may expand to. The XPU release has 24 and the overhead benchmark a
+    # few hundred; every case is a Prefect task, a Ray task and result rows, and 2,000 cases
+    # at the default 30-minute case timeout are already weeks of device time. Counted
+    # before expanding, so a 10^6-case matrix is refused in milliseconds.
+    max_cases: int = 2000
+    # Problems printed per manifest: a screenful; the rest are counted, not printed.
+    max_problems: int = 50
+    # Characters of a user's value quoted back in a message (a 1 MiB string is not echoed).
+    max_quoted_chars: int = 80
+
+
+LIMITS = Limits()
+
+
+def quote(value: Any) -> str:
+    """repr() of a user's value, shortened to LIMITS.max_quoted_chars."""
+    limit = LIMITS.max_quoted_chars
+    try:
+        text = repr(value)
+    except ValueError:  # an integer beyond Python's int/str conversion limit
+        text = f"<a {type(value).__name__} too long to print>"
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text):,} characters)"
 
 
 @dataclass(frozen=True)
@@ -40,13 +86,27 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.field or '(top level)'}: {self.message}"
+        return f"{self.file}: {_clip(self.field) or '(top level)'}: {_clip(self.message)}"
+
+
+def _clip(text: str, limit: int = 400) -> str:
+    # A message may quote a user's value (a reference, a regex); one line stays one screen line.
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text):,} characters)"
 
 
 class ManifestError(BadInput):
-    """The manifest is not valid; one Problem (file, field path, message) per line."""
+    """Every problem found in a manifest; at most LIMITS.max_problems are kept, then one
+    line counts the rest (``problems`` is what a caller prints, ``total`` the real count)."""
 
-    def __init__(self, problems: list[Problem]) -> None:
+    def __init__(self, problems: list[Problem], more: int = 0) -> None:
+        cap = LIMITS.max_problems
+        self.total = len(problems) + more
+        self.kept = problems[:cap]  # the real problems shown (without the "... and N more" line)
+        if self.total > len(problems[:cap]):
+            hidden = self.total - len(problems[:cap])
+            problems = problems[:cap] + [Problem(
+                problems[0].file, "", f"... and {hidden:,} more problems not shown "
+                f"(only the first {cap} are printed: cap max_problems={cap})")]
         super().__init__("\n".join(str(p) for p in problems))
         self.problems = problems
 
@@ -78,50 +138,173 @@ def policy_sha256(release: Release) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+# libyaml parses about 5x faster than PyYAML's pure-Python parser (1 MiB: ~1 s against
+# 5-9 s); both give the same tags and values: the resolver and the constructor are Python.
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a manifest may not contain (an alias, nesting past the cap, ...)."""
+
+
+class _ManifestLoader(_BaseLoader):  # type: ignore[misc,valid-type]
+    """A SafeLoader that refuses duplicate and unhashable keys (PyYAML silently keeps the
+    last duplicate and raises a bare TypeError on ``? [a, b]``) and reports a scalar it
+    cannot convert (``2025-13-45``, a 5,000-digit integer) at its line instead of raising
+    ValueError. Anchors, aliases and depth are checked before this constructs anything
+    (see _check_events)."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except yaml.YAMLError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - PyYAML's scalar constructors raise anything
+            # ValueError (2025-13-45, a 5,000-digit int), KeyError (!!bool maybe),
+            # AttributeError (!!timestamp x): the user's value, not a bug of ours.
+            kind = node.tag.rsplit(":", 1)[-1]
+            reason = str(exc).split("; use sys.set_int_max_str_digits")[0]  # not the user's remedy
+            raise _Refused(None, None, f"cannot read this {kind} value: {reason}"
+                           if isinstance(exc, (ValueError, OverflowError)) else
+                           f"this is not a valid {kind} value", node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                what = {"list": "list", "dict": "mapping"}.get(type(key).__name__, type(key).__name__)
+                raise _Refused(None, None, f"a mapping key must be a plain value, not a {what}",
+                               key_node.start_mark) from None
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    None, None, f"duplicate key {quote(key)}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _check_events(text: str) -> None:
+    """Refuse anchors, aliases and nesting past LIMITS.max_depth from the event stream,
+    before anything is composed: the composer and constructor recurse once per level, and
+    aliases share nodes (a 30-line "billion laughs" expands to 10^9 values when pydantic
+    walks it; ``&a [*a]`` is a cycle). The event stream is flat, so this never recurses."""
+    loader = _ManifestLoader(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.AliasEvent):
+                raise _Refused(None, None, f"YAML alias *{event.anchor} is not allowed in a manifest "
+                               "(anchors and aliases are refused: write the value out)", event.start_mark)
+            if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
+                raise _Refused(None, None, f"YAML anchor &{event.anchor} is not allowed in a manifest "
+                               "(anchors and aliases are refused: write the value out)", event.start_mark)
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > LIMITS.max_depth:
+                    raise _Refused(None, None, f"nesting is deeper than {LIMITS.max_depth} levels "
+                                   f"(cap max_depth={LIMITS.max_depth})", event.start_mark)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    finally:
+        loader.dispose()
+
+
+def parse_yaml(text: str, name: str) -> Any:
+    """The data of one YAML document, or ManifestError naming the line and column."""
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > LIMITS.max_bytes:
+        raise ManifestError([Problem(name, "", _too_big(size))])
+    try:
+        _check_events(text)
+        loader = _ManifestLoader(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        kind = "" if isinstance(exc, _Refused) else "YAML syntax error: "
+        raise ManifestError([Problem(name, where, f"{kind}{problem}")]) from None
+
+
+def _too_big(size: int) -> str:
+    return (f"the file is {size:,} bytes, over the cap of {LIMITS.max_bytes:,} bytes "
+            f"(max_bytes={LIMITS.max_bytes // 1024} KiB)")
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def read_manifest_text(path: str | Path) -> str:
+    """The text of a manifest file: a regular file (after symlinks) of at most
+    LIMITS.max_bytes, UTF-8. The file is opened non-blocking and checked with fstat on
+    the open descriptor, so a FIFO cannot hang the reader and a file swapped after a
+    check is still the file that is checked."""
+    name = str(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise ManifestError([Problem(name, "", f"cannot read file: {exc.strerror or exc}")]) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((what for test, what in _FILE_KINDS if test(st.st_mode)), "not a regular file")
+            raise ManifestError([Problem(name, "", f"the manifest is {kind}: give a regular file")])
+        if st.st_size > LIMITS.max_bytes:
+            raise ManifestError([Problem(name, "", _too_big(st.st_size))])
+        chunks: list[bytes] = []
+        left = LIMITS.max_bytes + 1  # one byte more tells a file that grew since fstat
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise ManifestError([Problem(name, "", f"cannot read file: {exc.strerror or exc}")]) from None
+    finally:
+        os.close(fd)
+    if len(data) > LIMITS.max_bytes:
+        raise ManifestError([Problem(name, "", _too_big(len(data)) + " (it grew while being read)")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError([Problem(name, "", f"file is not UTF-8 text (invalid byte at offset {exc.start})")
+                             ]) from None
+    # Universal newlines, as Path.read_text gives them (the stored text and its sha256 stay the same).
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def load_manifest(path: str | Path, today: dt.date | None = None) -> LoadedManifest:
     """Read, parse and validate a manifest; raise ManifestError with every problem found."""
     path = Path(path)
-    name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ManifestError([Problem(name, "", f"cannot read file: {exc.strerror or exc}")]) from None
-    except UnicodeDecodeError:
-        raise ManifestError([Problem(name, "", "file is not UTF-8 text")]) from None
-    return load_manifest_text(text, name, today=today, path=path)
+    text = read_manifest_text(path)
+    return load_manifest_text(text, str(path), today=today, path=path)
 
 
 def load_manifest_text(text: str, name: str = "<manifest>", today: dt.date | None = None,
                        path: Path | None = None, check_expiry: bool = True) -> LoadedManifest:
     """Validate manifest text (e.g. the copy stored with a run). check_expiry=False re-reads
-    a stored manifest whose waivers may have expired since (the gate then treats them as expired)."""
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ManifestError([Problem(name, where, f"YAML syntax error: {problem}")]) from None
+    a stored manifest: rules that depend on when and where it is read are skipped, i.e.
+    waivers that expired since (the gate then treats them as expired) and model names
+    the workloads of this checkout no longer know."""
+    data = parse_yaml(text, name)
     if not isinstance(data, dict):
         raise ManifestError([Problem(name, "", "the manifest must be a YAML mapping")])
     try:
         release = Release.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(_pydantic_problems(name, exc)) from None
+        problems, more = _pydantic_problems(name, exc)
+        raise ManifestError(problems, more) from None
     problems = semantic_problems(release, name, today or dt.date.today(), check_expiry=check_expiry)
     if problems:
         raise ManifestError(problems)
@@ -143,30 +326,41 @@ def format_loc(loc: tuple[Any, ...]) -> str:
 
 def _field_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     # Union members add tags like "literal['none','all']" or "int" to the location.
-    return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and p not in
-                 {"int", "float", "str", "bool", "list", "dict", "date"}))
+    # A key that is not a string (``1.5: x``, ``~: x``) is kept as its repr.
+    return tuple(p if isinstance(p, int) or (isinstance(p, str) and len(p) <= 64) else quote(p)
+                 for p in loc
+                 if not isinstance(p, str) or ("[" not in p and p not in
+                                               {"int", "float", "str", "bool", "list", "dict", "date"}))
 
 
-def _pydantic_problems(file: str, exc: ValidationError) -> list[Problem]:
+def _pydantic_problems(file: str, exc: ValidationError) -> tuple[list[Problem], int]:
+    """One problem per field path (the messages of one path merged), at most
+    LIMITS.max_problems of them formatted; returns them and how many more paths there were."""
     merged: dict[str, list[str]] = {}
+    more: set[str] = set()
     for err in exc.errors(include_url=False):
         loc = _field_loc(tuple(err["loc"]))
+        path = format_loc(loc)
+        if path not in merged and len(merged) >= LIMITS.max_problems:
+            more.add(path)  # counted, not formatted (difflib per key is what costs)
+            continue
         if err["type"] == "extra_forbidden":
             key = loc[-1] if loc else "?"
             allowed = _allowed_keys(loc[:-1])
-            hint = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
-            msg = f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            hint = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6) \
+                if len(str(key)) <= 64 else []
+            msg = f"unknown key {quote(key)}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
             if allowed and not hint:
                 msg += f"; allowed: {', '.join(sorted(allowed))}"
         else:
             msg = err["msg"].removeprefix("Value error, ")
             value = err.get("input")
             if isinstance(value, (str, int, float, bool)) and err["type"] not in ("missing",):
-                msg += f" (got {value!r})"
-        merged.setdefault(format_loc(loc), [])
-        if msg not in merged[format_loc(loc)]:
-            merged[format_loc(loc)].append(msg)
-    return [Problem(file, path, "; or ".join(msgs)) for path, msgs in merged.items()]
+                msg += f" (got {quote(value)})"
+        merged.setdefault(path, [])
+        if msg not in merged[path]:
+            merged[path].append(msg)
+    return [Problem(file, path, "; or ".join(msgs)) for path, msgs in merged.items()], len(more)
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -225,12 +419,79 @@ def is_deepseek_r1(model: InferModel) -> bool:
     return "deepseek-r1" in text or "deepseek_r1" in text
 
 
+def case_count_problem(release: Release, file: str) -> Problem | None:
+    """The case cap, checked on counts before anything is expanded; the problem names the
+    part of the matrix that contributes most."""
+    counts = release.case_counts()
+    total = sum(counts.values())
+    if total <= LIMITS.max_cases:
+        return None
+    sections: dict[str, int] = {}
+    for part, n in counts.items():
+        section = part.split("[")[0]
+        sections[section] = sections.get(section, 0) + n
+    largest = max(counts, key=lambda part: counts[part])
+    if largest == "training":
+        assert release.training is not None
+        detail = (f"training.models x training.variants = {len(release.training.models):,} x "
+                  f"{len(release.training.variants):,}")
+    else:
+        detail = f"the largest part: {largest} = {counts[largest]:,}"
+    return Problem(file, largest, f"the manifest expands to {total:,} cases, over the cap of "
+                                  f"{LIMITS.max_cases:,} (max_cases): "
+                                  + ", ".join(f"{section} {n:,}" for section, n in sections.items() if n)
+                                  + f" ({detail})")
+
+
+def _unknown_name(name: str, known: frozenset[str], what: str) -> str:
+    hint = difflib.get_close_matches(name, sorted(known), n=1)
+    return (f"unknown {what} {quote(name)}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + f"; known: {', '.join(sorted(known))}")
+
+
+def model_name_problems(release: Release, file: str) -> list[Problem]:
+    """Training presets and inference model names the workloads would refuse at run time."""
+    problems: list[Problem] = []
+    if release.training is not None:
+        for i, model in enumerate(release.training.models):
+            if model.config_path:
+                continue  # a config.json defines the model; name and preset are labels
+            presets = training_presets()
+            if model.preset is not None and model.preset not in presets:
+                problems.append(Problem(file, f"training.models[{i}].preset",
+                                        _unknown_name(model.preset, presets, "training preset")
+                                        + " (or give config_path to a Hugging Face config.json)"))
+            elif model.preset is None and model.name not in presets:
+                problems.append(Problem(file, f"training.models[{i}].name",
+                                        _unknown_name(model.name, presets, "training preset")
+                                        + " (with no preset or config_path the name is the preset)"))
+    if release.inference is not None:
+        for i, model in enumerate(release.inference.models):
+            fields = [(f"inference.models[{i}].model", model.model),
+                      (f"inference.models[{i}].reference_model", model.reference_model)]
+            fields += [(f"inference.models[{i}].schemes[{j}].model", scheme.model)
+                       for j, scheme in enumerate(model.schemes)]
+            for field, name in fields:
+                if name is None or is_model_path(name):
+                    continue
+                known = inference_model_names()
+                if known is not None and name not in known:
+                    problems.append(Problem(file, field, _unknown_name(name, known, "model")
+                                            + " (a model directory is a path: ./name or /models/name)"))
+    return problems
+
+
 def semantic_problems(release: Release, file: str, today: dt.date, check_expiry: bool = True) -> list[Problem]:
+    too_many = case_count_problem(release, file)
+    if too_many is not None:
+        return [too_many]  # the other rules walk the matrix: refuse before that
     problems: list[Problem] = []
 
     def add(field: str, message: str) -> None:
         problems.append(Problem(file, field, message))
 
+    if check_expiry:  # a stored manifest is not re-judged by this checkout's model tables
+        problems += model_name_problems(release, file)
     waivers = release.gate.waivers
     for k, waiver in enumerate(waivers):
         if check_expiry and waiver.expires < today:
@@ -271,16 +532,17 @@ def semantic_problems(release: Release, file: str, today: dt.date, check_expiry:
                 add(f"gate.variant_gains[{k}].{attr}",
                     f"no training variant named {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
         if not metrics.is_known(gain.metric):
-            add(f"gate.variant_gains[{k}].metric", f"unknown metric {gain.metric!r}")
+            add(f"gate.variant_gains[{k}].metric", f"unknown metric {quote(gain.metric)}")
     for k, threshold in enumerate(release.gate.thresholds):
         if not metrics.is_known(threshold.metric):
-            hint = difflib.get_close_matches(threshold.metric, list(metrics.METRICS), n=1)
+            hint = difflib.get_close_matches(threshold.metric, list(metrics.METRICS), n=1) \
+                if len(threshold.metric) <= 64 else []
             add(f"gate.thresholds[{k}].metric",
-                f"unknown metric {threshold.metric!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+                f"unknown metric {quote(threshold.metric)}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     for kind in release.gate.regression.metrics:
         for metric in release.gate.regression.metrics_for(kind):
             if not metrics.is_known(metric):
-                add(f"gate.regression.metrics.{kind}", f"unknown metric {metric!r}")
+                add(f"gate.regression.metrics.{kind}", f"unknown metric {quote(metric)}")
 
     for k, target in enumerate(release.promotion.targets):
         for expanded in release.expanded_targets():

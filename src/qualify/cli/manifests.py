@@ -15,12 +15,13 @@ from qualify.manifest_load import ManifestError, load_manifest
 
 def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> None:
     """Check manifests; print a summary, or one line per problem (exit 2)."""
-    problems = []
+    problems, total = [], 0
     for path in files:
         try:
             loaded = load_manifest(path)
         except ManifestError as exc:
-            problems.extend(exc.problems)
+            problems.extend(exc.kept)
+            total += exc.total
             continue
         rel = loaded.release
         cases = expand(rel)
@@ -34,8 +35,8 @@ def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> 
         out.print(f"   {len(targets)} promotion targets" + (":" if targets else ""))
         for target in targets:
             out.print(f"     {target.name}: {target.reference}", markup=False, highlight=False)
-    if problems:  # every file's problems, then one exit
-        raise ManifestError(problems)
+    if problems:  # every file's problems (capped as one list), then one exit
+        raise ManifestError(problems, more=total - len(problems))
 
 
 def cases(file: Path, as_json: bool = JsonOption) -> None:
