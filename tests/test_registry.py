@@ -108,7 +108,8 @@ def test_basic_auth_registry_with_credentials_from_env(registry_factory, make_im
     with RegistryClient([server.host], env={}) as anonymous, pytest.raises(RegistryUnauthorized) as info:
         anonymous.resolve(ref)
     assert "no credentials" in str(info.value) and password not in str(info.value)
-    env = {"QUALIFY_REGISTRY_USERNAME": user, "QUALIFY_REGISTRY_PASSWORD": password, "HOME": "/nonexistent"}
+    env = {"QUALIFY_REGISTRY_USERNAME": user, "QUALIFY_REGISTRY_PASSWORD": password, "HOME": "/nonexistent",
+           "QUALIFY_REGISTRY_HOST": server.host}
     with RegistryClient([server.host], env=env) as client:
         assert client.resolve(ref) == digest
         # cross-repository copy within the authenticated registry (mount needs pull on the source)
@@ -127,7 +128,7 @@ def test_skopeo_copy_with_env_credentials(registry_factory, make_image):
     dst = registry_factory(auth=(user, password))
     digest = make_image(src, "team/app", "rc1")
     env = {"QUALIFY_REGISTRY_USERNAME": user, "QUALIFY_REGISTRY_PASSWORD": password, "HOME": "/nonexistent",
-           "PATH": "/usr/bin:/bin"}
+           "PATH": "/usr/bin:/bin", "QUALIFY_REGISTRY_HOST": f"{src.host},{dst.host}"}
     with RegistryClient([src.host, dst.host], env=env) as client:
         assert client.copy(src.ref("team/app", digest=digest), dst.ref("team/app", "1.0")).method == "skopeo"
         assert client.resolve(dst.ref("team/app", "1.0")) == digest
@@ -140,10 +141,14 @@ def _auth(user: str, password: str) -> str:
     return base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def test_credentials_from_env_first(tmp_path):
+def test_env_credentials_are_bound_to_their_registry(tmp_path):
     env = {"QUALIFY_REGISTRY_USERNAME": "u", "QUALIFY_REGISTRY_PASSWORD": "p", "HOME": str(tmp_path)}
+    assert find_credentials("reg.example.com", env=env) is None  # no host named: sent nowhere
+    env["QUALIFY_REGISTRY_HOST"] = "reg.example.com"
     creds = find_credentials("reg.example.com", env=env)
-    assert creds == Credentials("u", "p", "environment")
+    assert creds is not None and (creds.username, creds.password) == ("u", "p")
+    assert find_credentials("attacker.example.net", env=env) is None
+    assert find_credentials("reg.example.com:5000", env=env) is None  # another port is another registry
     assert "'p'" not in repr(creds)  # the password is never printed
 
 
@@ -195,7 +200,8 @@ def _bearer_registry(seen: list[httpx.Request], *, token_status: int = 200, head
     return httpx.MockTransport(handler)
 
 
-ENV = {"QUALIFY_REGISTRY_USERNAME": "robot", "QUALIFY_REGISTRY_PASSWORD": "tok3n-pw", "HOME": "/nonexistent"}
+ENV = {"QUALIFY_REGISTRY_USERNAME": "robot", "QUALIFY_REGISTRY_PASSWORD": "tok3n-pw", "HOME": "/nonexistent",
+       "QUALIFY_REGISTRY_HOST": "reg.example.com"}
 
 
 def test_bearer_token_flow():

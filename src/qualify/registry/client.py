@@ -118,6 +118,12 @@ class RegistryClient:
                                                    transport=self._transport)
         return self._clients[registry]
 
+    @staticmethod
+    def _may_send_secrets(url: str) -> bool:
+        """Credentials travel only over TLS, or over plain HTTP to a loopback host (a local test registry)."""
+        parsed = httpx.URL(url)
+        return parsed.scheme == "https" or (parsed.scheme == "http" and is_loopback(parsed.netloc.decode()))
+
     def _credentials(self, ref: ImageRef) -> Credentials | None:
         return find_credentials(ref.registry, ref.repository, self.env)
 
@@ -167,11 +173,14 @@ class RegistryClient:
         scheme, params = _challenge(response.headers.get("WWW-Authenticate", ""))
         creds = self._credentials(ref)
         if scheme == "basic":
+            if creds and not self._may_send_secrets(self.base_url(ref.registry)):
+                raise RegistryUnauthorized(f"{what}: registry {ref.registry} asks for credentials over plain HTTP; "
+                                           "refusing to send them to a host that is not loopback")
             return creds.basic_header() if creds else None
         if scheme != "bearer" or "realm" not in params:
             return None
         realm = params["realm"]
-        if creds and realm.startswith("http://") and not self.is_insecure(ref.registry):
+        if creds and not self._may_send_secrets(realm):
             raise RegistryUnauthorized(f"{what}: registry {ref.registry} asks for credentials over plain HTTP "
                                        f"({realm.split('?')[0]}); refusing to send them")
         query: list[tuple[str, str]] = []

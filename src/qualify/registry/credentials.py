@@ -16,6 +16,9 @@ from qualify.imageref import DEFAULT_REGISTRY
 
 ENV_USERNAME = "QUALIFY_REGISTRY_USERNAME"
 ENV_PASSWORD = "QUALIFY_REGISTRY_PASSWORD"
+# The registry (host[:port], comma-separated for several) the environment's credentials belong to: without
+# it they are sent nowhere, so that `gate check <any-host>/x:y` cannot carry them to another registry.
+ENV_HOST = "QUALIFY_REGISTRY_HOST"
 
 
 @dataclass(frozen=True)
@@ -73,12 +76,18 @@ def _entry_credentials(entry: Any, source: str) -> Credentials | None:
     return None
 
 
+def env_hosts(env: Mapping[str, str]) -> set[str]:
+    hosts = {h.strip().lower().rstrip("/") for h in env.get(ENV_HOST, "").split(",") if h.strip()}
+    return {DEFAULT_REGISTRY if h in _DOCKER_HUB_KEYS else h for h in hosts}
+
+
 def find_credentials(registry: str, repository: str = "", env: Mapping[str, str] | None = None) -> Credentials | None:
-    """Credentials for a registry: the environment first, then the first auth file that has any."""
+    """Credentials bound to this registry: the environment's when QUALIFY_REGISTRY_HOST names it, else the
+    first auth file with an entry for it. Never another registry's."""
     env = os.environ if env is None else env
-    if env.get(ENV_USERNAME) and env.get(ENV_PASSWORD) is not None:
-        return Credentials(env[ENV_USERNAME], env.get(ENV_PASSWORD, ""), "environment")
     host = DEFAULT_REGISTRY if registry in _DOCKER_HUB_KEYS else registry
+    if env.get(ENV_USERNAME) and env.get(ENV_PASSWORD) is not None and host in env_hosts(env):
+        return Credentials(env[ENV_USERNAME], env.get(ENV_PASSWORD, ""), f"environment ({ENV_HOST})")
     for path in auth_file_candidates(env):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
