@@ -16,7 +16,8 @@ from qualify.workloads.protocol import BadCase
 from qualify.workloads.train.launch import (choose_launcher, is_launched, launch_command,
                                             single_process_env)
 from qualify.workloads.train.measure import cv, summarize
-from qualify.workloads.train.mfu import PEAK_BF16_FLOPS, lookup_peak, mfu
+from qualify.workloads.train.mfu import (PEAK_FLOPS, lookup_peak, mfu, peak_dtype, peak_entry,
+                                         resolve_peak)
 from qualify.workloads.train.models import estimate_state_bytes, flops_per_token
 from qualify.workloads.train.params import deepspeed_config, effective_dtype, parse_params
 
@@ -166,16 +167,64 @@ def test_launch_commands():
 
 
 def test_mfu_table():
-    assert lookup_peak("NVIDIA H100 80GB HBM3") == 989e12
-    assert lookup_peak("NVIDIA H200") == 989e12
-    assert lookup_peak("NVIDIA A100-SXM4-80GB") == 312e12
-    assert lookup_peak("NVIDIA H100 PCIe") == 756e12
-    assert lookup_peak("NVIDIA H20") == 148e12
-    assert "ppu" in PEAK_BF16_FLOPS and lookup_peak("PPU-ZW810E") is None  # vendor figure needed
-    assert lookup_peak("Intel(R) Xeon(R) Processor") is None
-    assert lookup_peak(None) is None
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert lookup_peak("NVIDIA H200", "bf16") == 989e12
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert lookup_peak("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert lookup_peak("NVIDIA H20", "bf16") == 148e12
+    assert ("ppu", "bf16") in PEAK_FLOPS and lookup_peak("PPU-ZW810E", "bf16") is None  # vendor figure needed
+    assert lookup_peak("Intel(R) Xeon(R) Processor", "bf16") is None
+    assert lookup_peak(None, "bf16") is None
     assert mfu(4.945e14, 989e12) == pytest.approx(0.5)
     assert mfu(1e12, None) is None
+
+
+def test_peak_table_is_keyed_by_device_and_dtype():
+    # Issue 12: fp32 was divided by the bf16 peak (understated 2-15x); NVL/PCIe parts mapped to SXM.
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "fp32") == 67e12
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "tf32") == 494.5e12
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
+    assert lookup_peak("NVIDIA H200 NVL", "bf16") == 835e12
+    assert lookup_peak("NVIDIA H200 NVL", "fp32") == 60e12
+    assert lookup_peak("NVIDIA H800 PCIe", "bf16") == 756e12
+    assert lookup_peak("NVIDIA H800", "bf16") == 989e12
+    assert lookup_peak("NVIDIA H20", "fp32") == 44e12
+    assert lookup_peak("NVIDIA H200", "fp8") is None           # unknown pair: no guess
+    assert lookup_peak("NVIDIA GH200 480GB", "bf16") is None   # whole words only: not an "h200"
+    assert peak_entry("NVIDIA H100 NVL", "bf16") == ("h100 nvl/bf16", 835e12)
+    for (device, dtype), value in PEAK_FLOPS.items():
+        assert value is None or 1e12 < value < 2e15, (device, dtype)   # dense, FLOP/s
+
+
+def test_peak_dtype_and_source():
+    class Matmul:
+        allow_tf32 = False
+
+    class FakeTorch:
+        backends = type("B", (), {"cuda": type("C", (), {"matmul": Matmul})})
+        precision = "highest"
+
+        @classmethod
+        def get_float32_matmul_precision(cls):
+            return cls.precision
+
+    assert peak_dtype("bf16", FakeTorch) == "bf16"
+    assert peak_dtype("fp32", FakeTorch) == "fp32"
+    FakeTorch.precision = "high"
+    assert peak_dtype("fp32", FakeTorch) == "tf32"
+    assert peak_dtype("fp32") == "fp32"
+    table = resolve_peak(manifest_peak=None, device_type="cuda", device_name="NVIDIA H200 NVL", dtype="fp32")
+    assert table == {"peak": 60e12, "source": "table:h200 nvl/fp32", "null_reason": None}
+    given = resolve_peak(manifest_peak=5e14, device_type="cuda", device_name="NVIDIA H200", dtype="bf16")
+    assert (given["peak"], given["source"]) == (5e14, "manifest")
+    assert resolve_peak(manifest_peak=2e12, device_type="cpu", device_name="Xeon", dtype="bf16")["source"] \
+        == "manifest"
+    cpu = resolve_peak(manifest_peak=None, device_type="cpu", device_name="Xeon", dtype="bf16")
+    assert cpu["peak"] is None and "peak_flops_per_device" in cpu["null_reason"]
+    ppu = resolve_peak(manifest_peak=None, device_type="cuda", device_name="PPU-ZW810E", dtype="bf16")
+    assert ppu["peak"] is None and "no bf16 figure for ppu" in ppu["null_reason"]
+    unknown = resolve_peak(manifest_peak=None, device_type="cuda", device_name="Acme X1", dtype="bf16")
+    assert "not in the peak table" in unknown["null_reason"]
 
 
 def test_summarize_step_times():

@@ -83,6 +83,8 @@ def test_base_variant(base):
     assert base["probes"]["loss_falls"]["status"] == "passed"
     # CPU: no peak FLOP/s known, MFU stays null (never a guessed peak)
     assert m["mfu"] is None and m["tflops_per_device"] > 0
+    assert env["peak_source"] is None and "cpu" in env["mfu_null_reason"]
+    assert env["peak_dtype"] == "bf16"
     assert m["peak_memory_bytes"] > 0 and env["memory_measure"].startswith("ru_maxrss")
     assert env["compiled"] is False and env["model_class"] == "LlamaForCausalLM"
     assert env["checkpointed_layers"] == 0
@@ -103,7 +105,8 @@ def test_comm_variant_passes_env_and_mfu_with_override(run_case):
     assert doc["environment"]["env_recorded"]["NCCL_ALGO"] == "Ring"
     m = doc["metrics"]
     assert m["mfu"] == pytest.approx(m["tflops_per_device"] * 1e12 / peak)
-    assert doc["environment"]["peak_flops_source"] == "case"
+    assert doc["environment"]["peak_flops_source"] == doc["environment"]["peak_source"] == "manifest"
+    assert doc["environment"]["mfu_null_reason"] is None
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from qualify.workloads.settings import WorkloadSettings
 from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
 from qualify.workloads.train.launch import (choose_launcher, free_port, is_launched,
                                             launch_command, relaunch, single_process_env)
-from qualify.workloads.train.mfu import lookup_peak, mfu
+from qualify.workloads.train.mfu import mfu, peak_dtype, resolve_peak
 from qualify.workloads.train.params import (TrainParams, available_cores, check_against_model,
                                             deepspeed_config, effective_dtype, parse_params)
 
@@ -328,12 +328,16 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
     metrics.update(summary)
     per_device = summary["tokens_per_s_per_device"]
     achieved = fpt * per_device if per_device else None  # model FLOP/s per device
-    peak, env["peak_flops_source"] = p.peak_flops_per_device, "case"
-    if peak is None:
-        # Only a GPU has a table entry; a CPU's peak is unknown unless the case gives it.
-        peak = lookup_peak(env.get("device_name")) if s.device.type == "cuda" else None
-        env["peak_flops_source"] = "table" if peak else "unknown device"
+    import torch
+
+    # The peak of this device for the dtype the matmuls run in (fp32 may run as TF32); the
+    # manifest's peak_flops_per_device wins; an unknown pair leaves MFU null with its reason.
+    env["peak_dtype"] = peak_dtype(s.dtype, torch if s.device.type == "cuda" else None)
+    chosen = resolve_peak(manifest_peak=p.peak_flops_per_device, device_type=s.device.type,
+                          device_name=env.get("device_name"), dtype=env["peak_dtype"])
+    peak = chosen["peak"]
     env["peak_flops_per_device"] = peak
+    env["peak_source"] = env["peak_flops_source"] = chosen["source"]
     mem, env["memory_measure"] = peak_memory(s.device)
     env["load_avg_end"] = list(os.getloadavg())
     metrics.update({
@@ -346,6 +350,8 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
         "compile_time_s": max(0.0, first_step - summary["step_time_s_median"]),
         "loss_first": losses[0], "loss_last": losses[-1],
     })
+    env["mfu_null_reason"] = (None if metrics["mfu"] is not None
+                              else chosen["null_reason"] or "no achieved FLOP/s measured")
     fields: dict[str, Any] = {"status": "passed", "probes": {}}
     if p.data == "memorize":
         falls = losses[-1] < losses[0]
@@ -358,7 +364,6 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
     log.info("tokens/s %.1f (median step %.4f s, cv %s), loss %.3f -> %.3f",
              summary["tokens_per_s"] or 0, summary["step_time_s_median"],
              summary["cv_tokens_per_s"], losses[0], losses[-1])
-    import torch
 
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
