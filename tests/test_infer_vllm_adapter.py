@@ -188,6 +188,8 @@ class FakeLLM:
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs
         self.seen: list[tuple[int, ...]] = []
+        # ("reset",) and ("generate", prompts, max_tokens, cache hits) in call order.
+        self.calls: list[tuple] = []
         self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=kwargs.get("max_model_len", 256)))
         FakeLLM.instances.append(self)
 
@@ -196,9 +198,13 @@ class FakeLLM:
 
     def reset_prefix_cache(self) -> bool:
         self.seen.clear()
+        self.calls.append(("reset",))
         return True
 
     def generate(self, prompts, sp, use_tqdm=True):
+        ids_list = [tuple(pr["prompt_token_ids"]) for pr in prompts]
+        hits = sum(1 for ids in ids_list if ids in self.seen)  # served from the prefix cache
+        self.calls.append(("generate", ids_list, sp.max_tokens, hits))
         outs = []
         for prompt in prompts:
             ids = list(prompt["prompt_token_ids"])
@@ -264,6 +270,7 @@ def test_run_moe_awq_with_reference_and_prefix_caching_off(fake_vllm, tmp_path):
     assert m["perplexity"] == pytest.approx(2.718281828, rel=1e-6)
     assert len(doc["samples"]["output_tokens_per_s"]) == 2 and len(doc["samples"]["tpot_s"]) == 2
     assert doc["probes"]["prefix_cache"]["status"] == "skipped"
+    assert doc["probes"]["prefix_cache"]["by_setting"] is True   # --no-enable-prefix-caching asked for it
     assert doc["probes"]["max_model_len"]["status"] == "passed"
     assert doc["environment"]["engine"] == "vllm" and doc["environment"]["vllm"] == "0.8.5+fake"
 
@@ -277,10 +284,58 @@ def test_run_detects_garbled_prefix_cache_and_oom(fake_vllm, tmp_path):
     doc = _run(p)
     assert doc["probes"]["prefix_cache"]["status"] == "failed"
     assert doc["probes"]["max_model_len"]["status"] == "failed"
-    assert doc["status"] == "failed" and doc["error_class"] == "oom"  # oom outranks garbled
+    assert doc["probes"]["max_model_len"]["error_class"] == "oom"
+    # Issue 11: probes are findings for the gate, never the case's status.
+    assert (doc["status"], doc["error_class"]) == ("passed", None)
     FakeLLM.kv_limit = 10_000
     doc = _run(p)
-    assert doc["error_class"] == "garbled"
+    assert doc["probes"]["prefix_cache"]["status"] == "failed" and "garbled" in doc["probes"]["prefix_cache"]["detail"]
+    assert doc["probes"]["max_model_len"]["status"] == "passed" and doc["status"] == "passed"
+
+
+def test_a_probe_that_raises_is_an_error_probe_not_a_failed_case(fake_vllm, tmp_path, monkeypatch):
+    model = _dir(tmp_path, "plain", PLAIN)
+    p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
+                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "repeats": 1, "max_new_tokens": 4})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(iv, "_prefix_probe", broken)
+    monkeypatch.setattr(iv, "_max_model_len_probe", broken)
+    doc = _run(p)
+    for name in ("prefix_cache", "max_model_len"):
+        probe = doc["probes"][name]
+        assert probe["status"] == "error", probe
+        assert "RuntimeError: probe exploded" in probe["error"] and "probe exploded" in probe["detail"]
+        assert "by_setting" not in probe
+    assert doc["probes"]["degenerate"]["status"] == "passed"
+    assert doc["status"] == "passed"
+
+
+def test_throughput_repeats_are_never_served_from_the_prefix_cache(fake_vllm, tmp_path):
+    # Issue 12: with prefix caching on (vLLM's default) a repeat of the same prompts is served from
+    # the cache. Every measured pass starts from an empty cache and sends prompts of its own.
+    model = _dir(tmp_path, "plain", PLAIN)
+    p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
+                      "num_prompts": 3, "prompt_len": 8, "eval_tokens": 8, "repeats": 3, "max_new_tokens": 5,
+                      "warmup": 2, "probes": []})
+    doc = _run(p)
+    calls = FakeLLM.instances[-1].calls
+    passes = [i for i, c in enumerate(calls) if c[0] == "generate" and c[2] == 5 and len(c[1]) == 3]
+    assert len(passes) == 3
+    for i in passes:
+        assert calls[i - 1] == ("reset",), calls[i - 1]        # emptied right before the measured pass
+        assert calls[i][3] == 0                                # nothing served from the cache
+    prompt_sets = [set(calls[i][1]) for i in passes]
+    warm = {ids for c in calls[:passes[0]] if c[0] == "generate" and c[2] == 5 for ids in c[1]}
+    assert warm and not warm & set().union(*prompt_sets)       # warm-up prompts are not measured again
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not prompt_sets[a] & prompt_sets[b]          # each repeat its own prompts
+    assert doc["environment"]["prefix_cache_resets"] >= 3
+    assert doc["environment"]["prefix_cache_resets_refused"] == 0
+    assert len(doc["samples"]["output_tokens_per_s"]) == 3
 
 
 def test_vllm_engine_refuses_fault_injection(fake_vllm):

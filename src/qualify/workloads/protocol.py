@@ -14,7 +14,8 @@ Result document (output, the LAST line of stdout)::
     {"protocol": 1, "case_id": ..., "kind": ..., "status": "passed|failed|error",
      "error_class": null|"oom"|..., "error": null|"message",
      "metrics": {name: number|null}, "samples": {name: [number, ...]},
-     "probes": {name: {"status": "passed|failed|skipped", "detail": str}},
+     "probes": {name: {"status": "passed|failed|skipped|error", "detail": str,
+                       "by_setting": true (only on a skip an explicit setting asked for)}},
      "environment": {...}, "log_tail": str, "duration_s": float}
 """
 
@@ -48,11 +49,15 @@ ERROR_CLASSES = (
     "garbled",
     "degenerate",
     "low_agreement",
+    # A quantized case whose weights did not shrink as its scheme must (inference workload).
+    "quantization_not_applied",
     # Raised by the orchestrator side, never by a workload: the executor could not
     # start the workload, the worker was lost, or the result could not be read.
     "infra",
 )
-PROBE_STATUSES = ("passed", "failed", "skipped")
+# A probe never decides its case's status: "failed" is its finding, "skipped" that it did not run
+# (with "by_setting": true when an explicit setting turned it off), "error" that it raised.
+PROBE_STATUSES = ("passed", "failed", "skipped", "error")
 
 
 class CaseStatus(enum.StrEnum):
