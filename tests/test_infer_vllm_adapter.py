@@ -338,6 +338,82 @@ def test_throughput_repeats_are_never_served_from_the_prefix_cache(fake_vllm, tm
     assert len(doc["samples"]["output_tokens_per_s"]) == 3
 
 
+def _safetensors(directory, tensors: dict) -> str:
+    """A .safetensors file with these {name: (dtype, shape)} tensors (zeros; only the header matters)."""
+    import struct
+
+    size = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I8": 1, "U8": 1}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    directory.mkdir(exist_ok=True)
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+    return str(directory)
+
+
+REF_TENSORS = {"model.embed_tokens.weight": ("BF16", (100, 64)), "model.norm.weight": ("BF16", (64,)),
+               "model.layers.0.self_attn.q_proj.weight": ("BF16", (64, 64)),
+               "model.layers.0.self_attn.o_proj.weight": ("BF16", (64, 64)),
+               "lm_head.weight": ("BF16", (100, 64))}
+
+
+def _awq(o_proj_quantized: bool) -> dict:
+    t = {"model.embed_tokens.weight": ("BF16", (100, 64)), "model.norm.weight": ("BF16", (64,)),
+         "lm_head.weight": ("BF16", (100, 64))}
+    for mod in ("q_proj", "o_proj") if o_proj_quantized else ("q_proj",):
+        t.update({f"model.layers.0.self_attn.{mod}.qweight": ("I32", (64, 8)),   # 8 x 4-bit per int32
+                  f"model.layers.0.self_attn.{mod}.qzeros": ("I32", (1, 8)),
+                  f"model.layers.0.self_attn.{mod}.scales": ("F16", (1, 64))})
+    if not o_proj_quantized:
+        t["model.layers.0.self_attn.o_proj.weight"] = ("BF16", (64, 64))    # left in float
+    return t
+
+
+def test_prequantized_checkpoint_is_read_back_from_its_files(tmp_path):
+    # Issue 12: a vLLM case reads back from the safetensors headers what really is quantized.
+    from qualify.workloads.infer import checkpoint
+
+    ref = _safetensors(tmp_path / "ref", REF_TENSORS)
+    good = _safetensors(tmp_path / "good", _awq(True))
+    metrics, env = checkpoint.readback(good, ref, 4)
+    assert (metrics["quantized_weights"], metrics["linear_weights"], metrics["quantized_share"]) == (2, 2, 1.0)
+    assert metrics["reference_weight_bytes"] == 2 * 64 * 64 * 2
+    assert metrics["weight_bytes"] == 2 * (64 * 8 * 4 + 8 * 4 + 64 * 2)
+    assert metrics["weight_bytes_ratio"] == pytest.approx(metrics["weight_bytes"] / metrics["reference_weight_bytes"])
+    assert env["not_quantized_layers"] is None
+    assert checkpoint.readback(good, ref, 8)[0]["quantized_weights"] == 0      # 4 bits is not 8
+    half = _safetensors(tmp_path / "half", _awq(False))
+    metrics, env = checkpoint.readback(half, ref, 4)
+    assert metrics["quantized_weights"] == 1 and env["not_quantized_layers"] == ["model.layers.0.self_attn.o_proj"]
+
+
+def test_vllm_case_whose_checkpoint_is_not_quantized_fails(fake_vllm, tmp_path):
+    ref = _safetensors(tmp_path / "ref", REF_TENSORS)
+    (tmp_path / "ref" / "config.json").write_text(json.dumps(PLAIN))
+    half = _safetensors(tmp_path / "half", _awq(False))
+    (tmp_path / "half" / "config.json").write_text(json.dumps(DENSE_AWQ))
+    p = parse_params({"engine": "vllm", "model": half, "reference_model": ref, "scheme": "awq-w4a16",
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8,
+                      "repeats": 1, "max_new_tokens": 4, "probes": []})
+    doc = _run(p)
+    assert doc["metrics"]["weight_bytes_ratio"] > 0.4 and doc["environment"]["quantization_verified"] is True
+    assert (doc["status"], doc["error_class"]) == ("failed", "quantization_not_applied")
+    # Without files to read, the figures stay null and the environment says why.
+    moe = _dir(tmp_path, "awq", MOE_AWQ)
+    p = parse_params({"engine": "vllm", "model": moe, "reference_model": ref, "scheme": "awq-w4a16",
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8,
+                      "repeats": 1, "max_new_tokens": 4, "probes": []})
+    doc = _run(p)
+    assert doc["environment"]["quantization_verified"] is False
+    assert "safetensors" in doc["environment"]["quantization_not_verified_reason"]
+    assert doc["metrics"].get("weight_bytes_ratio") is None and doc["status"] == "passed"
+
+
 def test_vllm_engine_refuses_fault_injection(fake_vllm):
     with pytest.raises(protocol.BadCase, match="^inject.break_kv_cache"):
         iv.run(params(inject={"break_kv_cache": True}), logging.getLogger("test"))

@@ -31,10 +31,11 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
+from qualify.workloads.infer import checkpoint as infer_checkpoint
 from qualify.workloads.infer import metrics as infer_metrics
 from qualify.workloads.infer import models as infer_models
 from qualify.workloads.infer import probes as infer_probes
-from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, InferParams
+from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, SCHEME_WEIGHTS, InferParams
 from qualify.workloads.protocol import BadCase, WorkloadFailure, is_oom
 
 # Release note: "to run models quantized by using AWQ and GPTQ on vLLM 0.8.5, you must add
@@ -308,6 +309,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         return llm.generate([{"prompt_token_ids": [int(t) for t in ids]} for ids in ids_list], sp, use_tqdm=False)
 
     metrics: dict[str, Any] = {}
+    qenv = _quantization_readback(p, source, path, metrics, log)
     vocab = int((config or {}).get("vocab_size") or 0)
     tokenizer = infer_models.load_tokenizer(path) if has_tok and path and source.kind != "hub" else None
 
@@ -434,7 +436,38 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
                 "prefix_cache_resets_refused": resets["refused"] if reset is not None else None,
                 "prompts_per_repeat": "distinct prompts for every repeat and for the warm-up"})
     env.update(data.facts())
+    env.update(qenv)
     return {"metrics": metrics, "samples": samples, "probes": probes, "environment": env}
+
+
+def _quantization_readback(p: InferParams, source: infer_models.ModelSource, path: str | None,
+                           metrics: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
+    """Read back from the checkpoint files what is quantized (checkpoint.readback); the figures stay
+    null, and the environment says why, when there is no local checkpoint and reference to read."""
+    if p.scheme == "none":
+        return {}
+    why = None
+    ref_path = None
+    if source.kind == "hub" or not path:
+        why = "the checkpoint is not a local directory"
+    elif p.reference_model is None:
+        why = "no reference_model to compare the weights with"
+    else:
+        ref = infer_models.resolve_model(p.reference_model, "vllm", param="reference_model")
+        ref_path = ref.path if ref.kind != "hub" else None
+        why = None if ref_path else "the reference is not a local directory"
+    if why is None:
+        try:
+            qmetrics, qenv = infer_checkpoint.readback(path, ref_path, SCHEME_WEIGHTS[p.scheme][0])
+        except (OSError, ValueError, KeyError) as exc:
+            why = f"reading the safetensors headers failed: {type(exc).__name__}: {exc}"
+        else:
+            metrics.update(qmetrics)
+            log.info("read back from the checkpoint: %d of %d linear weights quantized, weight bytes ratio %s",
+                     qmetrics["quantized_weights"], qmetrics["linear_weights"], qmetrics["weight_bytes_ratio"])
+            return {**qenv, "quantization_verified": True}
+    log.warning("quantization not read back: %s", why)
+    return {"quantization_verified": False, "quantization_not_verified_reason": why}
 
 
 def _max_model_len_probe(p: InferParams, llm: Any, gen, data, max_len: int, outputs: list[list[int]]
