@@ -224,12 +224,15 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], dict[str, Any]],
-                 argv: list[str] | None = None) -> int:
+                 argv: list[str] | None = None, *, result_path: str | None = None,
+                 failure_exit_code: int | None = None) -> int:
     """Run a workload: read the case, call handler, print exactly one result document.
 
     handler(case, log) returns the result fields (status, metrics, ...). Exceptions
     become result documents with an error class; exit code is non-zero only when
-    not even that could be written.
+    not even that could be written, or, with failure_exit_code, when the status is not
+    "passed" (a rank of a multi-process case: its launcher then stops the peers).
+    result_path: also write the document there (atomically), e.g. a rank's own file.
     """
     tail = _TailHandler()
     tail.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -269,9 +272,16 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
                           log_tail=tail.text(), duration_s=time.monotonic() - start)
     try:
         emit(doc)
+        if result_path:
+            tmp = f"{result_path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, sort_keys=True, allow_nan=False)
+            os.replace(tmp, result_path)
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         return 70
+    if failure_exit_code is not None and doc.get("status") != "passed":
+        return failure_exit_code
     return 0
 
 
