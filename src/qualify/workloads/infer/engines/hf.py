@@ -277,7 +277,12 @@ def _load_reference(p: InferParams, source: infer_models.ModelSource, path: str 
 
 def _serve(model, prompts: torch.Tensor, p: InferParams, device: str
            ) -> tuple[dict[str, Any], dict[str, list[float]], list[list[int]], int]:
-    """Greedy requests one at a time: (metrics, samples, first repeat's outputs, non-finite steps)."""
+    """Greedy requests one at a time: (metrics, samples, first repeat's outputs, non-finite steps).
+
+    Every request builds its own KV cache from scratch (greedy_generate with cache=None), so no
+    repeat is served from a cache that an earlier one filled: unlike vLLM's prefix cache there is
+    nothing to reset between repeats here.
+    """
     for i in range(p.warmup):
         greedy_generate(model, prompts[i % p.num_prompts], p.max_new_tokens, device=device)
     records: list[dict[str, Any]] = []
