@@ -59,3 +59,23 @@ def test_inference_settings_merge_and_references() -> None:
     assert params["min_token_agreement"] == 0.90
     assert ds.resources.gpus == 16 and ds.resources.nodes == 2
     assert cases["infer/qwen3-8b/w8a8"].document()["params"]["reference_model"] == "/models/Qwen3-8B"
+
+
+def test_multi_node_training_gets_devices_per_node_not_the_total(tmp_path) -> None:
+    # Issue 12: gpus is the case's total; `gpus: 16, nodes: 2` is 8 ranks per node (16 in all), not 32.
+    import yaml
+
+    from qualify.cases import devices_per_node
+    from qualify.manifest import Resources
+
+    data = yaml.safe_load((REPO / "releases" / "training-xpu-pytorch-25.05.yaml").read_text())
+    data["training"]["defaults"]["resources"] = {"gpus": 16, "nodes": 2, "cpus": 64}
+    path = tmp_path / "two-nodes.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    case = next(c for c in expand(load_manifest(path).release) if c.kind == "train")
+    params = case.document()["params"]
+    assert (params["devices"], params["nodes"]) == (8, 2)
+    assert params["devices"] * params["nodes"] == case.resources.gpus
+    assert devices_per_node(Resources(gpus=8)) == 8
+    assert devices_per_node(Resources(gpus=0, nodes=2)) == 1
+    assert devices_per_node(Resources(gpus=0.5)) == 1

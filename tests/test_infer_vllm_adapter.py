@@ -188,6 +188,8 @@ class FakeLLM:
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs
         self.seen: list[tuple[int, ...]] = []
+        # ("reset",) and ("generate", prompts, max_tokens, cache hits) in call order.
+        self.calls: list[tuple] = []
         self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=kwargs.get("max_model_len", 256)))
         FakeLLM.instances.append(self)
 
@@ -196,9 +198,13 @@ class FakeLLM:
 
     def reset_prefix_cache(self) -> bool:
         self.seen.clear()
+        self.calls.append(("reset",))
         return True
 
     def generate(self, prompts, sp, use_tqdm=True):
+        ids_list = [tuple(pr["prompt_token_ids"]) for pr in prompts]
+        hits = sum(1 for ids in ids_list if ids in self.seen)  # served from the prefix cache
+        self.calls.append(("generate", ids_list, sp.max_tokens, hits))
         outs = []
         for prompt in prompts:
             ids = list(prompt["prompt_token_ids"])
@@ -264,6 +270,7 @@ def test_run_moe_awq_with_reference_and_prefix_caching_off(fake_vllm, tmp_path):
     assert m["perplexity"] == pytest.approx(2.718281828, rel=1e-6)
     assert len(doc["samples"]["output_tokens_per_s"]) == 2 and len(doc["samples"]["tpot_s"]) == 2
     assert doc["probes"]["prefix_cache"]["status"] == "skipped"
+    assert doc["probes"]["prefix_cache"]["by_setting"] is True   # --no-enable-prefix-caching asked for it
     assert doc["probes"]["max_model_len"]["status"] == "passed"
     assert doc["environment"]["engine"] == "vllm" and doc["environment"]["vllm"] == "0.8.5+fake"
 
@@ -277,10 +284,134 @@ def test_run_detects_garbled_prefix_cache_and_oom(fake_vllm, tmp_path):
     doc = _run(p)
     assert doc["probes"]["prefix_cache"]["status"] == "failed"
     assert doc["probes"]["max_model_len"]["status"] == "failed"
-    assert doc["status"] == "failed" and doc["error_class"] == "oom"  # oom outranks garbled
+    assert doc["probes"]["max_model_len"]["error_class"] == "oom"
+    # Issue 11: probes are findings for the gate, never the case's status.
+    assert (doc["status"], doc["error_class"]) == ("passed", None)
     FakeLLM.kv_limit = 10_000
     doc = _run(p)
-    assert doc["error_class"] == "garbled"
+    assert doc["probes"]["prefix_cache"]["status"] == "failed" and "garbled" in doc["probes"]["prefix_cache"]["detail"]
+    assert doc["probes"]["max_model_len"]["status"] == "passed" and doc["status"] == "passed"
+
+
+def test_a_probe_that_raises_is_an_error_probe_not_a_failed_case(fake_vllm, tmp_path, monkeypatch):
+    model = _dir(tmp_path, "plain", PLAIN)
+    p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
+                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "repeats": 1, "max_new_tokens": 4})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(iv, "_prefix_probe", broken)
+    monkeypatch.setattr(iv, "_max_model_len_probe", broken)
+    doc = _run(p)
+    for name in ("prefix_cache", "max_model_len"):
+        probe = doc["probes"][name]
+        assert probe["status"] == "error", probe
+        assert "RuntimeError: probe exploded" in probe["error"] and "probe exploded" in probe["detail"]
+        assert "by_setting" not in probe
+    assert doc["probes"]["degenerate"]["status"] == "passed"
+    assert doc["status"] == "passed"
+
+
+def test_throughput_repeats_are_never_served_from_the_prefix_cache(fake_vllm, tmp_path):
+    # Issue 12: with prefix caching on (vLLM's default) a repeat of the same prompts is served from
+    # the cache. Every measured pass starts from an empty cache and sends prompts of its own.
+    model = _dir(tmp_path, "plain", PLAIN)
+    p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
+                      "num_prompts": 3, "prompt_len": 8, "eval_tokens": 8, "repeats": 3, "max_new_tokens": 5,
+                      "warmup": 2, "probes": []})
+    doc = _run(p)
+    calls = FakeLLM.instances[-1].calls
+    passes = [i for i, c in enumerate(calls) if c[0] == "generate" and c[2] == 5 and len(c[1]) == 3]
+    assert len(passes) == 3
+    for i in passes:
+        assert calls[i - 1] == ("reset",), calls[i - 1]        # emptied right before the measured pass
+        assert calls[i][3] == 0                                # nothing served from the cache
+    prompt_sets = [set(calls[i][1]) for i in passes]
+    warm = {ids for c in calls[:passes[0]] if c[0] == "generate" and c[2] == 5 for ids in c[1]}
+    assert warm and not warm & set().union(*prompt_sets)       # warm-up prompts are not measured again
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not prompt_sets[a] & prompt_sets[b]          # each repeat its own prompts
+    assert doc["environment"]["prefix_cache_resets"] >= 3
+    assert doc["environment"]["prefix_cache_resets_refused"] == 0
+    assert len(doc["samples"]["output_tokens_per_s"]) == 3
+
+
+def _safetensors(directory, tensors: dict) -> str:
+    """A .safetensors file with these {name: (dtype, shape)} tensors (zeros; only the header matters)."""
+    import struct
+
+    size = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I8": 1, "U8": 1}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    directory.mkdir(exist_ok=True)
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+    return str(directory)
+
+
+REF_TENSORS = {"model.embed_tokens.weight": ("BF16", (100, 64)), "model.norm.weight": ("BF16", (64,)),
+               "model.layers.0.self_attn.q_proj.weight": ("BF16", (64, 64)),
+               "model.layers.0.self_attn.o_proj.weight": ("BF16", (64, 64)),
+               "lm_head.weight": ("BF16", (100, 64))}
+
+
+def _awq(o_proj_quantized: bool) -> dict:
+    t = {"model.embed_tokens.weight": ("BF16", (100, 64)), "model.norm.weight": ("BF16", (64,)),
+         "lm_head.weight": ("BF16", (100, 64))}
+    for mod in ("q_proj", "o_proj") if o_proj_quantized else ("q_proj",):
+        t.update({f"model.layers.0.self_attn.{mod}.qweight": ("I32", (64, 8)),   # 8 x 4-bit per int32
+                  f"model.layers.0.self_attn.{mod}.qzeros": ("I32", (1, 8)),
+                  f"model.layers.0.self_attn.{mod}.scales": ("F16", (1, 64))})
+    if not o_proj_quantized:
+        t["model.layers.0.self_attn.o_proj.weight"] = ("BF16", (64, 64))    # left in float
+    return t
+
+
+def test_prequantized_checkpoint_is_read_back_from_its_files(tmp_path):
+    # Issue 12: a vLLM case reads back from the safetensors headers what really is quantized.
+    from qualify.workloads.infer import checkpoint
+
+    ref = _safetensors(tmp_path / "ref", REF_TENSORS)
+    good = _safetensors(tmp_path / "good", _awq(True))
+    metrics, env = checkpoint.readback(good, ref, 4)
+    assert (metrics["quantized_weights"], metrics["linear_weights"], metrics["quantized_share"]) == (2, 2, 1.0)
+    assert metrics["reference_weight_bytes"] == 2 * 64 * 64 * 2
+    assert metrics["weight_bytes"] == 2 * (64 * 8 * 4 + 8 * 4 + 64 * 2)
+    assert metrics["weight_bytes_ratio"] == pytest.approx(metrics["weight_bytes"] / metrics["reference_weight_bytes"])
+    assert env["not_quantized_layers"] is None
+    assert checkpoint.readback(good, ref, 8)[0]["quantized_weights"] == 0      # 4 bits is not 8
+    half = _safetensors(tmp_path / "half", _awq(False))
+    metrics, env = checkpoint.readback(half, ref, 4)
+    assert metrics["quantized_weights"] == 1 and env["not_quantized_layers"] == ["model.layers.0.self_attn.o_proj"]
+
+
+def test_vllm_case_whose_checkpoint_is_not_quantized_fails(fake_vllm, tmp_path):
+    ref = _safetensors(tmp_path / "ref", REF_TENSORS)
+    (tmp_path / "ref" / "config.json").write_text(json.dumps(PLAIN))
+    half = _safetensors(tmp_path / "half", _awq(False))
+    (tmp_path / "half" / "config.json").write_text(json.dumps(DENSE_AWQ))
+    p = parse_params({"engine": "vllm", "model": half, "reference_model": ref, "scheme": "awq-w4a16",
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8,
+                      "repeats": 1, "max_new_tokens": 4, "probes": []})
+    doc = _run(p)
+    assert doc["metrics"]["weight_bytes_ratio"] > 0.4 and doc["environment"]["quantization_verified"] is True
+    assert (doc["status"], doc["error_class"]) == ("failed", "quantization_not_applied")
+    # Without files to read, the figures stay null and the environment says why.
+    moe = _dir(tmp_path, "awq", MOE_AWQ)
+    p = parse_params({"engine": "vllm", "model": moe, "reference_model": ref, "scheme": "awq-w4a16",
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8,
+                      "repeats": 1, "max_new_tokens": 4, "probes": []})
+    doc = _run(p)
+    assert doc["environment"]["quantization_verified"] is False
+    assert "safetensors" in doc["environment"]["quantization_not_verified_reason"]
+    assert doc["metrics"].get("weight_bytes_ratio") is None and doc["status"] == "passed"
 
 
 def test_vllm_engine_refuses_fault_injection(fake_vllm):

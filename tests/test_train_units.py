@@ -16,7 +16,8 @@ from qualify.workloads.protocol import BadCase
 from qualify.workloads.train.launch import (choose_launcher, is_launched, launch_command,
                                             single_process_env)
 from qualify.workloads.train.measure import cv, summarize
-from qualify.workloads.train.mfu import PEAK_BF16_FLOPS, lookup_peak, mfu
+from qualify.workloads.train.mfu import (PEAK_FLOPS, lookup_peak, mfu, peak_dtype, peak_entry,
+                                         resolve_peak)
 from qualify.workloads.train.models import estimate_state_bytes, flops_per_token
 from qualify.workloads.train.params import deepspeed_config, effective_dtype, parse_params
 
@@ -166,16 +167,64 @@ def test_launch_commands():
 
 
 def test_mfu_table():
-    assert lookup_peak("NVIDIA H100 80GB HBM3") == 989e12
-    assert lookup_peak("NVIDIA H200") == 989e12
-    assert lookup_peak("NVIDIA A100-SXM4-80GB") == 312e12
-    assert lookup_peak("NVIDIA H100 PCIe") == 756e12
-    assert lookup_peak("NVIDIA H20") == 148e12
-    assert "ppu" in PEAK_BF16_FLOPS and lookup_peak("PPU-ZW810E") is None  # vendor figure needed
-    assert lookup_peak("Intel(R) Xeon(R) Processor") is None
-    assert lookup_peak(None) is None
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert lookup_peak("NVIDIA H200", "bf16") == 989e12
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert lookup_peak("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert lookup_peak("NVIDIA H20", "bf16") == 148e12
+    assert ("ppu", "bf16") in PEAK_FLOPS and lookup_peak("PPU-ZW810E", "bf16") is None  # vendor figure needed
+    assert lookup_peak("Intel(R) Xeon(R) Processor", "bf16") is None
+    assert lookup_peak(None, "bf16") is None
     assert mfu(4.945e14, 989e12) == pytest.approx(0.5)
     assert mfu(1e12, None) is None
+
+
+def test_peak_table_is_keyed_by_device_and_dtype():
+    # Issue 12: fp32 was divided by the bf16 peak (understated 2-15x); NVL/PCIe parts mapped to SXM.
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "fp32") == 67e12
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "tf32") == 494.5e12
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
+    assert lookup_peak("NVIDIA H200 NVL", "bf16") == 835e12
+    assert lookup_peak("NVIDIA H200 NVL", "fp32") == 60e12
+    assert lookup_peak("NVIDIA H800 PCIe", "bf16") == 756e12
+    assert lookup_peak("NVIDIA H800", "bf16") == 989e12
+    assert lookup_peak("NVIDIA H20", "fp32") == 44e12
+    assert lookup_peak("NVIDIA H200", "fp8") is None           # unknown pair: no guess
+    assert lookup_peak("NVIDIA GH200 480GB", "bf16") is None   # whole words only: not an "h200"
+    assert peak_entry("NVIDIA H100 NVL", "bf16") == ("h100 nvl/bf16", 835e12)
+    for (device, dtype), value in PEAK_FLOPS.items():
+        assert value is None or 1e12 < value < 2e15, (device, dtype)   # dense, FLOP/s
+
+
+def test_peak_dtype_and_source():
+    class Matmul:
+        allow_tf32 = False
+
+    class FakeTorch:
+        backends = type("B", (), {"cuda": type("C", (), {"matmul": Matmul})})
+        precision = "highest"
+
+        @classmethod
+        def get_float32_matmul_precision(cls):
+            return cls.precision
+
+    assert peak_dtype("bf16", FakeTorch) == "bf16"
+    assert peak_dtype("fp32", FakeTorch) == "fp32"
+    FakeTorch.precision = "high"
+    assert peak_dtype("fp32", FakeTorch) == "tf32"
+    assert peak_dtype("fp32") == "fp32"
+    table = resolve_peak(manifest_peak=None, device_type="cuda", device_name="NVIDIA H200 NVL", dtype="fp32")
+    assert table == {"peak": 60e12, "source": "table:h200 nvl/fp32", "null_reason": None}
+    given = resolve_peak(manifest_peak=5e14, device_type="cuda", device_name="NVIDIA H200", dtype="bf16")
+    assert (given["peak"], given["source"]) == (5e14, "manifest")
+    assert resolve_peak(manifest_peak=2e12, device_type="cpu", device_name="Xeon", dtype="bf16")["source"] \
+        == "manifest"
+    cpu = resolve_peak(manifest_peak=None, device_type="cpu", device_name="Xeon", dtype="bf16")
+    assert cpu["peak"] is None and "peak_flops_per_device" in cpu["null_reason"]
+    ppu = resolve_peak(manifest_peak=None, device_type="cuda", device_name="PPU-ZW810E", dtype="bf16")
+    assert ppu["peak"] is None and "no bf16 figure for ppu" in ppu["null_reason"]
+    unknown = resolve_peak(manifest_peak=None, device_type="cuda", device_name="Acme X1", dtype="bf16")
+    assert "not in the peak table" in unknown["null_reason"]
 
 
 def test_summarize_step_times():
@@ -264,3 +313,125 @@ def test_checkpointing_first_n_layers_saves_fewer_activations():
         assert [layer.gradient_checkpointing for layer in tm.decoder_layers(model)][:n] == [True] * n
         saved[setting] = saved_activation_bytes(model, ids)
     assert saved["none"] > saved[1] > saved[3] > saved["all"] > 0
+
+
+# ---------------------------------------------------------------- several ranks (issue 12)
+
+def _doc(status="passed", error_class=None, error=None, **env):
+    return {"status": status, "error_class": error_class, "error": error,
+            "metrics": {"tokens_per_step": 512, "repeats": 2}, "samples": {}, "probes": {},
+            "environment": {"world_size": 2, "zero_stage": 0, "dtype": "bf16", "model": "tiny-llama", **env}}
+
+
+def test_merge_rank_results_a_failing_rank_wins_over_what_it_caused():
+    from qualify.workloads.train.launch import merge_rank_results
+
+    nan = _doc("failed", "nan_loss", "loss is nan at step 2", rank=1)
+    crash = _doc("error", "crash", "Connection closed by peer", rank=0)
+    out = merge_rank_results({0: crash, 1: nan}, expected=[0, 1], launcher_exit_code=1)
+    assert (out["status"], out["error_class"]) == ("failed", "nan_loss")
+    assert out["error"] == "rank 1: loss is nan at step 2 (then rank 0: crash)"
+    assert out["environment"]["rank"] == 1 and out["environment"]["launcher_exit_code"] == 1
+    assert out["environment"]["ranks"]["0"]["error_class"] == "crash"
+    # The launcher was stopped at the case timeout: an OOM on a rank is still the class.
+    timed = _doc("error", "timeout", "stopped by SIGTERM")
+    out = merge_rank_results({0: timed, 1: _doc("error", "oom", "out of memory")}, expected=[0, 1],
+                             launcher_exit_code=None, launcher_problem="torchrun: did not finish in 60 s")
+    assert out["error_class"] == "oom"
+    out = merge_rank_results({0: timed}, expected=[0, 1], launcher_exit_code=None,
+                             launcher_problem="torchrun: did not finish in 60 s")
+    assert out["error_class"] == "timeout"
+    out = merge_rank_results({}, expected=[0, 1], launcher_exit_code=None,
+                             launcher_problem="torchrun: did not finish in 60 s")
+    assert (out["status"], out["error_class"]) == ("error", "timeout") and "[0, 1]" in out["error"]
+
+
+def test_merge_rank_results_passes_only_when_every_rank_passed_and_the_launcher_exited_0():
+    from qualify.workloads.train.launch import merge_rank_results
+
+    ok = {0: _doc(rank=0), 1: _doc(rank=1)}
+    out = merge_rank_results(ok, expected=[0, 1], launcher_exit_code=0)
+    assert out["status"] == "passed" and out["environment"]["rank"] == 0   # rank 0's figures
+    bad_exit = merge_rank_results(ok, expected=[0, 1], launcher_exit_code=1)
+    assert (bad_exit["status"], bad_exit["error_class"]) == ("error", "crash")
+    assert "launcher exited 1" in bad_exit["error"]
+    missing = merge_rank_results({0: _doc()}, expected=[0, 1], launcher_exit_code=0)
+    assert missing["error_class"] == "crash" and "rank(s) [1]" in missing["error"]
+    none = merge_rank_results({}, expected=[0, 1], launcher_exit_code=0)
+    assert none["status"] == "error" and "no rank wrote" in none["error"]
+    disagree = {0: _doc(), 1: _doc(world_size=4)}
+    out = merge_rank_results(disagree, expected=[0, 1], launcher_exit_code=0)
+    assert out["error_class"] == "crash" and "disagree on world_size" in out["error"]
+    # Multi-node DeepSpeed runner: the other nodes' ranks are not ours to see; judge what is here.
+    assert merge_rank_results({0: _doc()}, expected=None, launcher_exit_code=0)["status"] == "passed"
+
+
+def test_a_rank_writes_its_document_and_exits_non_zero_when_it_did_not_pass(tmp_path):
+    from qualify.workloads.train.launch import rank_result_path, read_rank_results
+
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(protocol.make_case("train/x", "train", {})))
+
+    def failing(case, log):
+        raise protocol.WorkloadFailure("nan_loss", "loss is nan at step 0")
+
+    path = rank_result_path(str(tmp_path), 3)
+    rc = protocol.run_workload("train", failing, ["--case", str(case)], result_path=path, failure_exit_code=1)
+    assert rc == 1
+    rc = protocol.run_workload("train", lambda c, log: {"status": "passed"}, ["--case", str(case)],
+                               result_path=rank_result_path(str(tmp_path), 0), failure_exit_code=1)
+    assert rc == 0
+    (tmp_path / "rank-9.json").write_text("{not json")
+    docs = read_rank_results(str(tmp_path))
+    assert sorted(docs) == [0, 3]
+    assert docs[3]["error_class"] == "nan_loss" and docs[0]["status"] == "passed"
+    # Without the options, a workload exits 0 with its document (single process, as before).
+    assert protocol.run_workload("train", failing, ["--case", str(case)]) == 0
+
+
+def test_nan_injection_can_name_one_rank():
+    assert parse_params({"model": "tiny-llama", "inject": {"nan_at_step": 2, "rank": 1}}).inject == {
+        "nan_at_step": 2, "rank": 1}
+    with pytest.raises(BadCase, match="inject"):
+        parse_params({"model": "tiny-llama", "inject": {"nan_at_step": 2, "node": 1}})
+    with pytest.raises(BadCase, match="rank"):
+        parse_params({"model": "tiny-llama", "inject": {"nan_at_step": 2, "rank": -1}})
+
+
+# ---------------------------------------------------------------- evidence and memory (issue 11, 12)
+
+def test_checkpoint_calls_are_counted_per_layer():
+    import torch
+
+    from qualify.workloads.train import models as tm
+
+    config = tm.build_config(tm.config_dict("tiny-llama"))
+    ids = torch.randint(0, config.vocab_size, (1, 16))
+    for setting, expected in (("none", [0, 0, 0, 0]), (2, [1, 1, 0, 0]), ("all", [1, 1, 1, 1])):
+        torch.manual_seed(0)
+        model = tm.build_model(config).train()
+        tm.apply_checkpointing(model, setting)
+        counter = tm.count_checkpoint_calls(model, "cpu")
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        assert counter.tolist() == expected, setting
+    # An attribute that says "on" proves nothing: in eval mode no layer checkpoints.
+    model.eval()
+    counter = tm.count_checkpoint_calls(model, "cpu")
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    assert counter.tolist() == [0, 0, 0, 0]
+
+
+def test_peak_memory_resets_after_warm_up_on_cpu():
+    import torch
+
+    from qualify.workloads.train.measure import PeakMemory
+
+    memory = PeakMemory(torch.device("cpu"))
+    big = bytearray(256 * 2**20)                 # a set-up peak
+    big[::4096] = b"x" * len(big[::4096])         # touch every page
+    del big
+    setup = memory.peak()
+    assert memory.reset() is True                # /proc/self/clear_refs on Linux
+    assert memory.peak() < setup - 200 * 2**20   # the training peak starts from here
+    assert memory.describe().startswith("VmHWM")

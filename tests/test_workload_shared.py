@@ -99,7 +99,7 @@ def test_settings_defaults_from_an_empty_environment():
 
     s = WorkloadSettings.from_env({})
     home_cache = os.path.join(os.path.expanduser("~"), ".cache", "qualify")
-    assert (s.cache_dir, s.models_dir, s.hostfile, s.visible_devices, s.accelerator_driver_version) == (
+    assert (s.cache_dir, s.models_dir, s.hostfile, s.visible_devices, s.rank_result_dir) == (
         home_cache, None, None, None, None)
     assert s.cache_env() == {"TORCH_EXTENSIONS_DIR": os.path.join(home_cache, "torch_extensions"),
                              "TORCHINDUCTOR_CACHE_DIR": os.path.join(home_cache, "inductor")}
@@ -117,7 +117,7 @@ def test_settings_read_every_variable():
     env = {"QUALIFY_CACHE_DIR": "/c", "TORCH_EXTENSIONS_DIR": "/ext", "TORCHINDUCTOR_CACHE_DIR": "",
            "QUALIFY_MODELS_DIR": "/models", "QUALIFY_HOSTFILE": "/hosts", "RANK": "3", "LOCAL_RANK": "1",
            "WORLD_SIZE": "8", "MASTER_ADDR": "h0", "CUDA_VISIBLE_DEVICES": "0,1",
-           "ACCELERATOR_DRIVER_VERSION": "1.2.3", "UNRELATED": "x"}
+           "QUALIFY_RANK_RESULT_DIR": "/scratch/ranks", "UNRELATED": "x"}
     s = WorkloadSettings.from_env(env)
     assert (s.cache_dir, s.models_dir, s.hostfile) == ("/c", "/models", "/hosts")
     # An empty cache variable counts as unset.
@@ -125,8 +125,30 @@ def test_settings_read_every_variable():
     assert (s.launched, s.rank, s.local_rank, s.world_size, s.local_world_size) == (True, 3, 1, 8, 8)
     assert WorkloadSettings.from_env({**env, "LOCAL_WORLD_SIZE": "4"}).local_world_size == 4
     assert dict(s.rendezvous) == {"MASTER_ADDR": "h0", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}
-    assert (s.visible_devices, s.accelerator_driver_version) == ("0,1", "1.2.3")
+    assert (s.visible_devices, s.rank_result_dir) == ("0,1", "/scratch/ranks")
+    assert not hasattr(s, "accelerator_driver_version")  # the image cannot claim its own driver
     assert WorkloadSettings.from_env({"QUALIFY_TRAIN_LAUNCHED": "1"}).launched
     assert not WorkloadSettings.from_env({"RANK": "0", "WORLD_SIZE": "1"}).launched
     with pytest.raises(ValueError, match="LOCAL_RANK: expected an integer, got 'a'"):
         WorkloadSettings.from_env({"LOCAL_RANK": "a"})
+
+
+def test_probe_never_takes_the_driver_version_from_the_image_environment(monkeypatch, tmp_path):
+    # Issue 11: no tool answers -> the driver is unknown, whatever ACCELERATOR_DRIVER_VERSION claims.
+    import builtins
+
+    from qualify.workloads import probe
+
+    real_open = builtins.open
+
+    def no_nvidia(path, *a, **kw):
+        if str(path).startswith("/proc/driver/nvidia"):
+            raise OSError("no such file")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", no_nvidia)
+    monkeypatch.setattr(probe.shutil, "which", lambda name: None)
+    monkeypatch.setenv("ACCELERATOR_DRIVER_VERSION", "999.99")
+    assert probe.driver_version() is None
+    facts = probe.handler({"params": {"torch": False}}, None)["environment"]["facts"]
+    assert facts["driver"] is None

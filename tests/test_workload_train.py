@@ -83,9 +83,16 @@ def test_base_variant(base):
     assert base["probes"]["loss_falls"]["status"] == "passed"
     # CPU: no peak FLOP/s known, MFU stays null (never a guessed peak)
     assert m["mfu"] is None and m["tflops_per_device"] > 0
-    assert m["peak_memory_bytes"] > 0 and env["memory_measure"].startswith("ru_maxrss")
+    assert env["peak_source"] is None and "cpu" in env["mfu_null_reason"]
+    assert env["peak_dtype"] == "bf16"
+    # Training peak from after warm-up (VmHWM reset via clear_refs); the set-up peak apart.
+    assert m["peak_memory_bytes"] > 0 and env["memory_measure"].startswith("VmHWM")
+    assert m["setup_peak_memory_bytes"] > 0
     assert env["compiled"] is False and env["model_class"] == "LlamaForCausalLM"
-    assert env["checkpointed_layers"] == 0
+    # Evidence, measured: no graph compiled, no layer called its checkpoint function.
+    assert (env["compile_wrapped"], env["compile_graphs"], env["compile_graph_breaks"]) == (False, 0, 0)
+    assert env["checkpointed_layers"] == env["checkpointing_enabled_layers"] == 0
+    assert env["activation_memory_bytes"] > 0 and "saved_tensors_hooks" in env["activation_memory_measure"]
     assert env["threads"] == 1
     assert env["device_type"] == "cpu" and env["world_size"] == 1
     assert env["torch"] and env["deepspeed"] and env["transformers"]
@@ -103,7 +110,8 @@ def test_comm_variant_passes_env_and_mfu_with_override(run_case):
     assert doc["environment"]["env_recorded"]["NCCL_ALGO"] == "Ring"
     m = doc["metrics"]
     assert m["mfu"] == pytest.approx(m["tflops_per_device"] * 1e12 / peak)
-    assert doc["environment"]["peak_flops_source"] == "case"
+    assert doc["environment"]["peak_flops_source"] == doc["environment"]["peak_source"] == "manifest"
+    assert doc["environment"]["mfu_null_reason"] is None
 
 
 @pytest.mark.slow
@@ -113,6 +121,8 @@ def test_compile_variant(run_case):
     assert doc["status"] == "passed", doc["error"]
     env = doc["environment"]
     assert env["compiled"] is True and env["model_class"] == "OptimizedModule"
+    # Issue 11: compiled because dynamo compiled graphs (counted), not because of the flag.
+    assert env["compile_graphs"] >= 1 and env["compile_graph_breaks"] == 0
     assert env["checkpointed_layers"] == 0
     assert doc["metrics"]["loss_last"] < doc["metrics"]["loss_first"]
     assert doc["metrics"]["tokens_per_s"] > 0
@@ -123,14 +133,42 @@ def test_compile_ckpt_variant(compiled_ckpt, base):
     doc = compiled_ckpt
     assert doc["status"] == "passed", doc["error"]
     env = doc["environment"]
-    assert env["compiled"] is True
+    assert env["compiled"] is True and env["compile_graphs"] >= 1 and env["compile_graph_breaks"] == 0
+    # Counted from checkpoint calls during the timed steps (one per layer per micro-batch).
     assert env["checkpointed_layers"] == env["num_layers"] == 4
+    assert env["checkpoint_calls_per_step"] == 4.0
+    # The timed (compiled) engine's own activation memory falls with checkpointing.
+    assert env["activation_memory_bytes"] < base["environment"]["activation_memory_bytes"] / 2
     assert env["env_passed"] == {"CHECKPOINT_OPTIMIZATION": "true"}
     # The structural memory fact: checkpointed layers keep no activations for backward.
     assert doc["metrics"]["activation_saved_bytes"] < base["metrics"]["activation_saved_bytes"] / 2
     # Recompute is not model FLOPs: same FLOPs per token as the base run.
     assert doc["metrics"]["model_flops_per_token"] == base["metrics"]["model_flops_per_token"]
     assert doc["metrics"]["loss_last"] < doc["metrics"]["loss_first"]
+
+
+@pytest.mark.slow
+def test_compile_that_falls_back_to_eager_is_not_compiled(train_env, tmp_path):
+    # Issue 11: a torch.compile wrapper whose frames run eagerly (here: the "force_eager" stance,
+    # set by a sitecustomize in the worker) used to report compiled: true from the flag alone.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import torch\ntorch.compiler.set_stance('force_eager')\n")
+    env = {**train_env, "PYTHONPATH": os.pathsep.join([str(site), train_env["PYTHONPATH"]])}
+    case = protocol.make_case("train/tiny-llama/compile-eager", "train",
+                              {**QUICK, "compile": True, "activation_checkpointing": 2})
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case))
+    out = subprocess.run([sys.executable, "-m", "qualify.workloads.train", "--case", str(path)],
+                         capture_output=True, text=True, timeout=400, cwd=REPO, env=env)
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["status"] == "passed", doc["error"]
+    env = doc["environment"]
+    assert env["compile_wrapped"] is True and env["model_class"] == "OptimizedModule"
+    assert (env["compiled"], env["compile_graphs"]) == (False, 0)
+    # Two of four layers asked for, two observed checkpointing in the timed steps.
+    assert env["checkpointed_layers"] == env["checkpointing_enabled_layers"] == 2
+    assert env["checkpoint_calls_per_step"] == 2.0
 
 
 @pytest.mark.slow
@@ -172,6 +210,33 @@ def test_two_devices_relaunch_through_torchrun(run_case):
     assert "torch.distributed.run" in env["launch_command"]
     assert m["tokens_per_step"] == 2 * 128 * 2
     assert m["tokens_per_s_per_device"] == pytest.approx(m["tokens_per_s"] / 2)
+    # Every rank's own document was read and judged, and the launcher's exit code.
+    assert {r: v["status"] for r, v in env["ranks"].items()} == {"0": "passed", "1": "passed"}
+    assert env["launcher_exit_code"] == 0 and env["collective_timeout_s"] is None   # no case timeout
+
+
+@pytest.mark.slow
+def test_nan_on_one_rank_is_nan_loss_not_a_timeout(run_case, train_env, tmp_path):
+    # Issue 12: a NaN on rank 1 used to leave rank 0 blocked in a collective (or crashing on the
+    # closed connection) and the real error was lost. The failing rank's class wins, promptly.
+    timeout = 300
+    case = protocol.make_case("train/2dev-nan", "train",
+                              {**QUICK, "devices": 2, "steps": 3, "repeats": 2,
+                               "inject": {"nan_at_step": 2, "rank": 1}}, timeout_s=timeout)
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case))
+    out = subprocess.run([sys.executable, "-m", "qualify.workloads.train", "--case", str(path)],
+                         capture_output=True, text=True, timeout=timeout + 60, cwd=REPO, env=train_env)
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert protocol.validate_result(doc) == [], doc
+    assert (doc["status"], doc["error_class"]) == ("failed", "nan_loss"), doc["error"]
+    assert doc["error"].startswith("rank 1: loss is nan at step 2")
+    env = doc["environment"]
+    assert env["ranks"]["1"]["error_class"] == "nan_loss"
+    assert env["ranks"]["0"]["status"] != "passed"          # its peer died under it
+    assert env["launcher_exit_code"] not in (0, None)
+    assert env["collective_timeout_s"] == timeout / 2
+    assert doc["duration_s"] < timeout / 3                  # well under the case timeout
 
 
 @pytest.mark.slow

@@ -114,6 +114,15 @@ def expand(release: Release, name: str = "<manifest>") -> list[Case]:
     return cases
 
 
+def devices_per_node(resources: Resources) -> int:
+    """Processes the training workload starts on each node: resources.gpus is the case's total
+    over its nodes (the Ray fan-out divides it by nodes the same way), so gpus 16 on 2 nodes
+    is 8 per node, 16 ranks in all. At least 1 (a CPU case runs one process)."""
+    if not resources.gpus:
+        return 1
+    return max(1, int(resources.gpus / max(1, resources.nodes)))
+
+
 def _train_case(release: Release, model: TrainModel, variant: TrainVariant, timeout: int) -> Case:
     assert release.training is not None
     settings: dict[str, Any] = {}
@@ -137,7 +146,7 @@ def _train_case(release: Release, model: TrainModel, variant: TrainVariant, time
         params["zero_stage"] = variant.zero_stage
     if ds_config:
         params["deepspeed_config"] = ds_config
-    params["devices"] = max(1, int(resources.gpus)) if resources.gpus else 1
+    params["devices"] = devices_per_node(resources)
     params["nodes"] = resources.nodes
     return Case.build(f"train/{model.name}/{variant.name}", "train", model.name, variant.name,
                       params, env, resources, timeout)

@@ -27,7 +27,8 @@ METRICS: dict[str, Direction] = {
     "step_time_s_median": "lower",
     "step_time_s_p10": "lower",
     "step_time_s_p90": "lower",
-    "peak_memory_bytes": "lower",
+    "peak_memory_bytes": "lower",  # the training peak, from after warm-up
+    "setup_peak_memory_bytes": "lower",
     "compile_time_s": "lower",
     "loss_first": "lower",
     "loss_last": "lower",
@@ -51,7 +52,10 @@ METRICS: dict[str, Direction] = {
     "kl_div_mean": "lower",
     "perplexity": "lower",
     "perplexity_delta": "lower",
-    "weight_bytes": "lower",
+    "weight_bytes": "lower",  # the quantized linear layers' weights as stored
+    "weight_bytes_ratio": "lower",  # weight_bytes / the same weights unquantized
+    "quantized_share": "higher",  # share of the targeted linear weights really quantized
+    "model_weight_bytes": "lower",
     # sleep (overhead benchmark) and generic
     "wall_s": "lower",
 }

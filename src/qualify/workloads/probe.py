@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 from qualify.workloads import protocol
-from qualify.workloads.settings import WorkloadSettings
 
 
 def os_release(path: str = "/etc/os-release") -> dict[str, str]:
@@ -65,6 +64,11 @@ def torch_facts() -> dict[str, Any]:
 
 
 def driver_version() -> str | None:
+    """The accelerator driver's version from the kernel module or nvidia-smi; None when neither answers.
+
+    Never from the image's environment: an image could claim its own driver that way. The
+    driver side reports the node's driver facts; inside the image an unknown stays unknown.
+    """
     try:
         with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
             m = re.search(r"Kernel Module\s+(\S+)", fh.read())
@@ -80,7 +84,7 @@ def driver_version() -> str | None:
                 return out.stdout.strip().splitlines()[0]
         except (OSError, subprocess.SubprocessError):
             pass
-    return WorkloadSettings.from_env().accelerator_driver_version
+    return None
 
 
 def run_commands(commands: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
@@ -102,7 +106,7 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
         "python": platform.python_version(),
         "python_full": sys.version,
         "packages": installed_packages(),
-        "driver": driver_version(),
+        "driver": driver_version(),  # None: unknown from inside the image
         "env": {name: os.environ.get(name) for name in params.get("env", [])},
         "commands": run_commands(params.get("commands", {})),
     }

@@ -14,7 +14,8 @@ Result document (output, the LAST line of stdout)::
     {"protocol": 1, "case_id": ..., "kind": ..., "status": "passed|failed|error",
      "error_class": null|"oom"|..., "error": null|"message",
      "metrics": {name: number|null}, "samples": {name: [number, ...]},
-     "probes": {name: {"status": "passed|failed|skipped", "detail": str}},
+     "probes": {name: {"status": "passed|failed|skipped|error", "detail": str,
+                       "by_setting": true (only on a skip an explicit setting asked for)}},
      "environment": {...}, "log_tail": str, "duration_s": float}
 """
 
@@ -48,11 +49,15 @@ ERROR_CLASSES = (
     "garbled",
     "degenerate",
     "low_agreement",
+    # A quantized case whose weights did not shrink as its scheme must (inference workload).
+    "quantization_not_applied",
     # Raised by the orchestrator side, never by a workload: the executor could not
     # start the workload, the worker was lost, or the result could not be read.
     "infra",
 )
-PROBE_STATUSES = ("passed", "failed", "skipped")
+# A probe never decides its case's status: "failed" is its finding, "skipped" that it did not run
+# (with "by_setting": true when an explicit setting turned it off), "error" that it raised.
+PROBE_STATUSES = ("passed", "failed", "skipped", "error")
 
 
 class CaseStatus(enum.StrEnum):
@@ -219,12 +224,15 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], dict[str, Any]],
-                 argv: list[str] | None = None) -> int:
+                 argv: list[str] | None = None, *, result_path: str | None = None,
+                 failure_exit_code: int | None = None) -> int:
     """Run a workload: read the case, call handler, print exactly one result document.
 
     handler(case, log) returns the result fields (status, metrics, ...). Exceptions
     become result documents with an error class; exit code is non-zero only when
-    not even that could be written.
+    not even that could be written, or, with failure_exit_code, when the status is not
+    "passed" (a rank of a multi-process case: its launcher then stops the peers).
+    result_path: also write the document there (atomically), e.g. a rank's own file.
     """
     tail = _TailHandler()
     tail.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -264,9 +272,16 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
                           log_tail=tail.text(), duration_s=time.monotonic() - start)
     try:
         emit(doc)
+        if result_path:
+            tmp = f"{result_path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, sort_keys=True, allow_nan=False)
+            os.replace(tmp, result_path)
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         return 70
+    if failure_exit_code is not None and doc.get("status") != "passed":
+        return failure_exit_code
     return 0
 
 

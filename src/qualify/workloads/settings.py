@@ -23,13 +23,19 @@ WORLD_SIZE                                              training run (set by the
 LOCAL_WORLD_SIZE         WORLD_SIZE                     ranks on this node: they share its cores
 MASTER_ADDR, MASTER_PORT unset                          rendezvous (a lone process gets defaults)
 CUDA_VISIBLE_DEVICES     unset                          recorded in every result's environment
-ACCELERATOR_DRIVER_VERSION unset                        probe: driver version when neither
-                                                        /proc/driver/nvidia nor nvidia-smi tells
+QUALIFY_RANK_RESULT_DIR  unset                          set by the training workload's relaunch:
+                                                        each rank writes its result document to
+                                                        <dir>/rank-<RANK>.json
 ======================== ============================== ==========================================
 
 Not settings, and read elsewhere on purpose: the training workload records the variables
 that shape a run (NCCL_*, TORCH_*, OMP_*, ... matched by a pattern, train/env.py), the probe
 reports the variables a case names, and a relaunch hands its own environment to the workers.
+
+The accelerator driver's version is deliberately NOT a setting: a variable set in the image
+would let the image claim its own driver. Inside the image the probe reads the kernel module
+(/proc/driver/nvidia/version) or asks nvidia-smi, else reports it unknown; the driver side
+supplies the node's driver facts.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ class WorkloadSettings:
     world_size: int = 1
     local_world_size: int = 1
     visible_devices: str | None = None
-    accelerator_driver_version: str | None = None
+    rank_result_dir: str | None = None
     # The rendezvous variables that are set (name -> value), whatever their value.
     rendezvous: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -89,7 +95,7 @@ class WorkloadSettings:
             world_size=world,
             local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
             visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
-            accelerator_driver_version=env.get("ACCELERATOR_DRIVER_VERSION"),
+            rank_result_dir=env.get("QUALIFY_RANK_RESULT_DIR") or None,
             rendezvous=MappingProxyType({k: env[k] for k in RENDEZVOUS_VARS if k in env}),
         )
 

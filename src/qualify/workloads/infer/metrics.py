@@ -57,7 +57,9 @@ def compare_logits(ref_logits, q_logits, targets=None, k: int = 5) -> dict[str, 
         "token_agreement": agree / total,
         "topk_overlap": overlap / total,
         "kl_div_mean": max(kl_mean, 0.0) if math.isfinite(kl_mean) else None,
-        "eval_positions": total,
+        # Positions evaluated (each predicts its next token); distinct positions of the text, as
+        # the evaluation windows never overlap (corpus.eval_window_starts).
+        "eval_positions": int(n_seq * n_pos),
     }
     if targets is not None:
         out.update(perplexity_figures(nll_q / total, nll_ref / total))
@@ -106,7 +108,7 @@ def compare_topk(ref_positions: Sequence[Mapping[int, float]], q_positions: Sequ
         "token_agreement": agree / n if n else None,
         "topk_overlap": sum(overlaps) / n if n else None,
         "kl_div_mean": None,
-        "eval_positions": float(n),
+        "eval_positions": n,
     }
 
 

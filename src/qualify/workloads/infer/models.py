@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from qualify.workloads.infer.corpus import (CORPUS_VERSION, STREAM_EVAL, STREAM_PROBES, STREAM_PROMPTS,
-                                            STREAM_TRAIN, MarkovLanguage, text_token_stream, seeded_generator)
+                                            STREAM_TRAIN, MarkovLanguage, eval_text_facts, eval_window_starts,
+                                            region_starts, seeded_generator, take, text_token_stream)
 from qualify.workloads.protocol import BadCase
 from qualify.workloads.settings import WorkloadSettings
 
@@ -223,8 +224,13 @@ class TokenSource:
     """Prompts, evaluation sequences and probe tokens, identical for every model of a case.
 
     Tiny presets (or directories saved from one): the seed's synthetic language, from
-    streams disjoint from training. Models with a tokenizer: slices of a fixed English
-    text. Otherwise uniformly random ids (perplexity then only compares the two models).
+    streams disjoint from training; every sequence is an independent sample. Models with a
+    tokenizer: windows of the fixed evaluation text (corpus.py): evaluation windows side by
+    side, never overlapping, in the first part of the text; prompts and probe tokens from the
+    rest. Otherwise uniformly random ids (perplexity then only compares the two models).
+
+    prompts(n, length, repeat): each repeat gets its own prompts (repeat 0 is the first set),
+    so that a serving repeat never re-sends what an engine may have cached.
     """
 
     def __init__(self, vocab_size: int, seed: int, *, language_seed: int | None = None, tokenizer=None) -> None:
@@ -233,25 +239,48 @@ class TokenSource:
         self.language = MarkovLanguage(vocab_size, language_seed) if language_seed is not None else None
         self.tokenizer = tokenizer
         self.kind = "synthetic_language" if self.language else ("text" if tokenizer is not None else "random")
+        self._ids: list[int] | None = None
+
+    def text_ids(self) -> list[int]:
+        if self._ids is None:
+            self._ids = text_token_stream(self.tokenizer)
+        return self._ids
 
     def _take(self, n: int, length: int, stream: int, offset: int = 0) -> torch.Tensor:
         if self.language is not None:
             return self.language.sample(n, length, stream, offset)
         if self.tokenizer is not None:
-            ids = text_token_stream(self.tokenizer, length + n * 7 + stream * 13 + offset + 1)
-            starts = [(stream * 13 + offset + i * 7) % max(1, len(ids) - length) for i in range(n)]
-            return torch.tensor([ids[s:s + length] for s in starts], dtype=torch.long)
+            ids = self.text_ids()
+            if stream == STREAM_EVAL:
+                try:
+                    starts = eval_window_starts(len(ids), n, length)
+                except ValueError as exc:
+                    raise BadCase(f"eval_tokens: {exc}") from None
+            else:
+                # Prompts and probes: after the evaluation region; probes far from the prompts.
+                index = offset if stream == STREAM_PROMPTS else 10_007 + 101 * offset
+                starts = region_starts(len(ids), n, length, index)
+            return torch.tensor([take(ids, s, length) for s in starts], dtype=torch.long)
         g = seeded_generator(self.seed, stream * 1_000 + offset)
         return torch.randint(0, self.vocab_size, (n, length), generator=g)
 
-    def prompts(self, n: int, length: int) -> torch.Tensor:
-        return self._take(n, length, STREAM_PROMPTS)
+    def prompts(self, n: int, length: int, repeat: int = 0) -> torch.Tensor:
+        return self._take(n, length, STREAM_PROMPTS, repeat)
 
     def eval_sequences(self, n: int, length: int) -> torch.Tensor:
+        """Up to n sequences: the text holds fewer non-overlapping windows than asked for at most."""
         return self._take(n, length, STREAM_EVAL)
 
     def probe_tokens(self, n: int, length: int, offset: int = 0) -> torch.Tensor:
         return self._take(n, length, STREAM_PROBES, offset)
+
+    def facts(self) -> dict[str, Any]:
+        """What the data is, for the result's environment."""
+        out: dict[str, Any] = {"data": self.kind}
+        if self.kind == "text":
+            out.update(eval_text_facts())
+            out["eval_text_tokens"] = len(self.text_ids())
+        return out
 
 
 def token_source_for(source: ModelSource, path: str | None, vocab_size: int, seed: int, tokenizer) -> TokenSource:

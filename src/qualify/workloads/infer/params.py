@@ -28,6 +28,18 @@ ENGINE_SCHEMES: dict[str, frozenset[str]] = {
     "transformers": frozenset(TORCHAO_SCHEMES),
     "vllm": frozenset(("none", "w8a8") + PREQUANTIZED_SCHEMES),
 }
+# What a quantized weight of each scheme is: (bits of its stored data per weight, whether the
+# activations are quantized too). quant.readback() counts a weight only when it matches.
+SCHEME_WEIGHTS: dict[str, tuple[int, bool]] = {
+    "w8a16": (8, False), "w8a8": (8, True), "w4a16": (4, False),
+    "awq-w4a16": (4, False), "gptq-w4a16": (4, False), "gptq-w8a16": (8, False),
+}
+# The most the quantized layers' weight bytes (data + scales + zero points) may be of the same
+# layers unquantized: 8 bits must take >= 40% off (from bf16: 0.5 + scales), 4 bits >= 60%
+# (from bf16: 0.25 + group scales and zeros, ~0.28-0.31 for group sizes 128-32). From fp32
+# references (CPU) the ratios are half of these. Above the bound: quantization_not_applied.
+MAX_WEIGHT_BYTES_RATIO: dict[str, float] = {
+    scheme: (0.6 if bits == 8 else 0.4) for scheme, (bits, _) in SCHEME_WEIGHTS.items()}
 PROBES = ("prefix_cache", "max_model_len", "degenerate")
 INJECTIONS = ("reference_seed", "corrupt_weights", "break_kv_cache")
 
@@ -42,7 +54,7 @@ _KNOWN = {
     "engine", "model", "reference_model", "scheme", "engine_args", "num_prompts",
     "prompt_len", "max_new_tokens", "eval_tokens", "seed", "num_threads", "repeats",
     "warmup", "probes", "min_token_agreement", "train_steps", "inject", "top_k",
-    "group_size", "max_repeat_run", "prefix_tie_tol",
+    "group_size", "max_repeat_run", "prefix_tie_tol", "quantize_lm_head",
 }
 
 
@@ -68,6 +80,9 @@ class InferParams:
     group_size: int = 128  # int4 group size (w4a16); per layer the largest of 128/64/32 dividing it
     max_repeat_run: int = 8  # a run of one token longer than this is degenerate
     prefix_tie_tol: float | None = None  # top-2 logit margin under which a divergence is a tie
+    # The output layer (lm_head) stays unquantized, as shipped AWQ/GPTQ/W8A8 checkpoints keep it
+    # (embeddings are never quantized); true quantizes it with the other linear layers.
+    quantize_lm_head: bool = False
     inject: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -140,6 +155,10 @@ def parse_params(params: Any) -> InferParams:
         if key in ("corrupt_weights", "break_kv_cache") and not isinstance(value, bool):
             raise BadCase(f"inject.{key}: expected true or false")
 
+    quantize_lm_head = params.get("quantize_lm_head", False)
+    if not isinstance(quantize_lm_head, bool):
+        raise BadCase(f"quantize_lm_head: expected true or false, got {quantize_lm_head!r}")
+
     out = InferParams(
         engine=engine,
         model=model,
@@ -161,6 +180,7 @@ def parse_params(params: Any) -> InferParams:
         group_size=_int(params, "group_size", 128, 16, 4096),
         max_repeat_run=_int(params, "max_repeat_run", 8, 1, 1 << 16),
         prefix_tie_tol=_float(params, "prefix_tie_tol", None, 0.0, 100.0),
+        quantize_lm_head=quantize_lm_head,
         inject=dict(inject),
     )
     if out.inject.get("reference_seed") is not None and out.reference_model is not None:

@@ -14,19 +14,43 @@ The release note's known issues become probes:
                   non-finite logits, or hold a run of one token longer than max_repeat_run.
 
 The engines compute the token lists; these functions only judge them (plain Python).
+
+A probe never changes its case's status (the case passes or fails on its own measurements):
+each probe is reported as passed, failed, skipped or error, and the gate judges it as its own
+check. A skip that an explicit setting asked for (prefix caching disabled) carries
+"by_setting": true; any other skip has no such flag. A probe that raises is "error" with the
+exception's text (run_probe).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+import traceback
+from typing import Any, Callable, Sequence
 
 
 def probe(status: str, detail: str, **extra: Any) -> dict[str, Any]:
     return {"status": status, "detail": detail, **extra}
 
 
-def skipped(detail: str) -> dict[str, Any]:
-    return probe("skipped", detail)
+def skipped(detail: str, *, by_setting: bool = False) -> dict[str, Any]:
+    """A probe that did not run; by_setting only when an explicit setting turned it off."""
+    return probe("skipped", detail, by_setting=True) if by_setting else probe("skipped", detail)
+
+
+def errored(exc: BaseException) -> dict[str, Any]:
+    text = f"{type(exc).__name__}: {exc}"
+    return probe("error", f"the probe raised {text[:500]}", error=text[:2000])
+
+
+def run_probe(name: str, fn: Callable[[], dict[str, Any]], log: logging.Logger | None = None) -> dict[str, Any]:
+    """fn()'s probe result, or status "error" with the exception text when it raises."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a probe's error is reported, never the case's
+        (log or logging.getLogger(__name__)).error("probe %s raised %s: %s\n%s", name, type(exc).__name__, exc,
+                                                    traceback.format_exc(limit=6))
+        return errored(exc)
 
 
 def longest_run(tokens: Sequence[int]) -> int:

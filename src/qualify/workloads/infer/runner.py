@@ -2,19 +2,23 @@
 
 Parameters: see params.InferParams; engines: see engines/__init__.py (the registry).
 
-Verdict of a case (judge()):
+Verdict of a case (judge()), on the case's own measurements only:
 
-* status "failed", error_class "oom"           - the max_model_len probe ran out of memory
-* status "failed", error_class "garbled"       - the prefix_cache probe saw different tokens
-                                                 with and without the reused prefix cache
-* status "failed", error_class "degenerate"    - empty outputs, ids outside the vocabulary,
-                                                 non-finite logits or long runs of one token
+* status "failed", error_class "quantization_not_applied" - the scheme is not "none" and the
+                                                 weights it quantizes did not shrink as it must
+                                                 (weight_bytes_ratio above the scheme's bound in
+                                                 params.MAX_WEIGHT_BYTES_RATIO), or none of them
+                                                 is a quantized tensor
 * status "failed", error_class "low_agreement" - token_agreement < min_token_agreement
                                                  (default 0.5: a broken model, not a small
                                                  regression; the gate compares the figures
                                                  with the previous release)
-  When several apply, error_class is the first in that order and error lists them all.
+  When both apply, error_class is the first and error lists both.
 * status "error": bad_case (invalid params), load_failed, crash, oom, timeout (protocol).
+
+Probes (prefix_cache, max_model_len, degenerate) never change the status: each is reported in
+`probes` as passed/failed/skipped/error (probes.py) and the gate judges it as its own check,
+so that a failed or errored probe is a waivable probe finding, not a failed case.
 
 Standard library and qualify.workloads only (an engine imports torch and the rest).
 """
@@ -26,24 +30,40 @@ from typing import Any
 
 from qualify.workloads import protocol
 from qualify.workloads.infer.engines import get_engine
-from qualify.workloads.infer.params import InferParams, parse_params
+from qualify.workloads.infer.params import MAX_WEIGHT_BYTES_RATIO, InferParams, parse_params
 
-FAILURE_ORDER = ("oom", "crash", "garbled", "degenerate", "low_agreement")
+FAILURE_ORDER = ("quantization_not_applied", "low_agreement")
 
 
-def judge(p: InferParams, metrics: dict[str, Any], probes: dict[str, dict[str, Any]]
+def quantization_problem(p: InferParams, metrics: dict[str, Any]) -> str | None:
+    """Why the case's weights are not quantized as its scheme says, or None.
+
+    Only where the case read its weights back (weight_bytes_ratio measured): the vllm engine
+    with a checkpoint it cannot read leaves the figures null and says why in its environment.
+    """
+    bound = MAX_WEIGHT_BYTES_RATIO.get(p.scheme)
+    if bound is None:
+        return None
+    ratio = metrics.get("weight_bytes_ratio")
+    quantized = metrics.get("quantized_weights")
+    if quantized == 0:
+        return (f"no weight is a quantized tensor of scheme {p.scheme} "
+                f"(0 of {metrics.get('linear_weights')} linear weights)")
+    if ratio is not None and ratio > bound:
+        return (f"the quantized layers' weights are {ratio:.3f} of the reference's bytes, scheme {p.scheme} "
+                f"must bring them to <= {bound:g} ({quantized} of {metrics.get('linear_weights')} linear weights "
+                f"quantized)")
+    return None
+
+
+def judge(p: InferParams, metrics: dict[str, Any], probes: dict[str, dict[str, Any]] | None = None
           ) -> tuple[str, str | None, str | None]:
-    """(status, error_class, error) of a case that ran to the end."""
+    """(status, error_class, error) of a case that ran to the end. `probes` is accepted and ignored:
+    a probe never decides the case (see the module docstring)."""
     failures: list[tuple[str, str]] = []
-    mml = probes.get("max_model_len")
-    if mml and mml.get("status") == "failed":
-        failures.append((mml.get("error_class") or "oom", f"max_model_len probe: {mml.get('detail')}"))
-    pc = probes.get("prefix_cache")
-    if pc and pc.get("status") == "failed":
-        failures.append(("garbled", f"prefix_cache probe: {pc.get('detail')}"))
-    dg = probes.get("degenerate")
-    if dg and dg.get("status") == "failed":
-        failures.append(("degenerate", f"degenerate probe: {dg.get('detail')}"))
+    problem = quantization_problem(p, metrics)
+    if problem:
+        failures.append(("quantization_not_applied", problem))
     agreement = metrics.get("token_agreement")
     if agreement is not None and agreement < p.min_token_agreement:
         failures.append(("low_agreement", f"token_agreement {agreement:.4f} < min_token_agreement "

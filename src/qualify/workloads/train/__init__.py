@@ -16,14 +16,25 @@ Choices:
   comm op once (cached under TORCH_EXTENSIONS_DIR).
 - compile=true wraps the model in torch.compile before deepspeed.initialize (what
   the HF Trainer does); the first step's extra time is compile_time_s.
-- Activation checkpointing uses transformers' per-layer checkpointing (non-reentrant);
-  the environment reports how many layers really checkpoint, and the metric
-  activation_saved_bytes (bytes autograd keeps after one micro-batch forward) shows its
-  memory effect without depending on the allocator.
+- Activation checkpointing uses transformers' per-layer checkpointing (non-reentrant).
+- Evidence, not flags (issue 11), in the environment: compile_graphs and
+  compile_graph_breaks (torch._dynamo counters over the engine's steps; "compiled" is true
+  only when a graph was compiled, "compile_wrapped" says the module is wrapped),
+  checkpointed_layers (decoder layers that called their checkpoint function during the
+  timed steps; checkpointing_enabled_layers is what was asked of transformers) and
+  activation_memory_bytes of the timed engine (one more step after the timed repeats:
+  allocator delta over the forward on CUDA, bytes saved for backward on CPU). The metric
+  activation_saved_bytes (eager model, before DeepSpeed) stays as the structural figure.
 - Measurement: threads set with torch.set_num_threads (default: every core this process
   may use, shared by the ranks of a node), warm-up steps, then repeats x steps timed
   optimizer steps with cyclic GC paused inside a repeat; medians and spread reported.
   On a shared 2-core machine num_threads=1 is far steadier (benchmarks/train_noise.py).
-- peak_memory_bytes: CUDA max allocated on a GPU, the process's peak RSS on CPU
-  (environment.memory_measure says which).
+- peak_memory_bytes: the training peak, measured from after warm-up (CUDA peak stats
+  reset; on CPU the peak RSS VmHWM reset through /proc/self/clear_refs): CUDA max
+  allocated on a GPU, peak RSS on CPU (environment.memory_measure says which);
+  setup_peak_memory_bytes is the peak before that (model, eager pass,
+  deepspeed.initialize, warm-up, compile).
+- MFU: the peak of (device, dtype) from train/mfu.py, or the case's peak_flops_per_device
+  (peak_source "manifest" or "table:<device>/<dtype>"); null with mfu_null_reason otherwise.
+- Several ranks: each writes its own document (launch.py) and the parent merges them.
 """

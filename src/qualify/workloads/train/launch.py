@@ -1,11 +1,20 @@
 """Process launch for the training workload: one process, or a relaunch per device.
 
-Standard library only. The command builders are pure functions (tested without
-running anything); `relaunch` runs the command and hands back rank 0's document.
+Standard library only. The command builders and merge_rank_results are pure functions
+(tested without running anything); `relaunch` runs the command.
+
+Several ranks: each rank writes its own result document to <scratch>/rank-<RANK>.json
+(QUALIFY_RANK_RESULT_DIR) and exits non-zero when it did not pass, so that the launcher
+(torchrun's agent, DeepSpeed's launch) stops its peers at once instead of leaving them
+blocked in a collective until the timeout. The parent then merges: the case passes only
+when every rank of this node passed, agrees with the others and the launcher exited 0; a
+failing rank's own class (nan_loss, oom, ...) wins over the crash or timeout it caused in
+its peers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -14,6 +23,14 @@ from typing import Any, Mapping
 
 from qualify.workloads.procs import kill_group
 from qualify.workloads.settings import LAUNCHED_MARK, WorkloadSettings
+
+RANK_RESULT_DIR = "QUALIFY_RANK_RESULT_DIR"
+# Which rank's failure explains the case: a rank's own finding before what it caused in its
+# peers (a rank whose peer died crashes in, or times out on, the next collective).
+RANK_FAILURE_ORDER = ("nan_loss", "oom", "degenerate", "bad_case", "load_failed", "crash", "timeout")
+# Figures every rank must report alike.
+_AGREE_ENV = ("world_size", "zero_stage", "dtype", "model")
+_AGREE_METRICS = ("tokens_per_step", "repeats")
 
 MODULE = "qualify.workloads.train"
 
@@ -72,10 +89,12 @@ def single_process_env(environ: Mapping[str, str] | None = None, port: int | Non
     return out
 
 
-def relaunch(cmd: list[str], timeout_s: float | None, log) -> tuple[int, str]:
+def relaunch(cmd: list[str], timeout_s: float | None, log, extra_env: Mapping[str, str] | None = None
+             ) -> tuple[int, str]:
     """Run the launcher; stderr streams through, stdout (rank 0's document) is returned."""
     env = dict(os.environ)
     env[LAUNCHED_MARK] = "1"
+    env.update(extra_env or {})
     log.info("relaunching: %s", " ".join(cmd))
     # Own process group: on a timeout the launcher and every worker it started go.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env,
@@ -91,3 +110,81 @@ def relaunch(cmd: list[str], timeout_s: float | None, log) -> tuple[int, str]:
 
 def launch_info(launcher: str, cmd: list[str] | None) -> dict[str, Any]:
     return {"launcher": launcher, "launch_command": " ".join(cmd) if cmd else None}
+
+
+def rank_result_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank}.json")
+
+
+def read_rank_results(directory: str) -> dict[int, dict[str, Any]]:
+    """{rank: document} of the rank files in directory (unreadable files are left out)."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        try:
+            rank = int(name[len("rank-"):-len(".json")])
+            with open(os.path.join(directory, name), encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            out[rank] = doc
+    return out
+
+
+def _failure_rank(item: tuple[int, dict[str, Any]]) -> tuple[int, int]:
+    rank, doc = item
+    cls = doc.get("error_class")
+    order = RANK_FAILURE_ORDER.index(cls) if cls in RANK_FAILURE_ORDER else len(RANK_FAILURE_ORDER)
+    return order, rank
+
+
+def merge_rank_results(docs: Mapping[int, dict[str, Any]], *, expected: list[int] | None,
+                       launcher_exit_code: int | None, launcher_problem: str | None = None
+                       ) -> dict[str, Any]:
+    """The case's result fields from the ranks' documents of this node.
+
+    expected: the ranks this node started (None: unknown, e.g. a multi-node DeepSpeed runner
+    that reached the other nodes itself; then the documents present and the exit code judge).
+    launcher_exit_code None with launcher_problem: the launcher was stopped (timeout, SIGTERM).
+    """
+    ranks = {r: {"status": d.get("status"), "error_class": d.get("error_class"),
+                 "error": (d.get("error") or "")[:300] or None} for r, d in sorted(docs.items())}
+    failing = sorted(((r, d) for r, d in docs.items() if d.get("status") != "passed"), key=_failure_rank)
+    base_rank = failing[0][0] if failing else (min(docs) if docs else None)
+    base = docs.get(0) if not failing and 0 in docs else (docs[base_rank] if base_rank is not None else {})
+    out: dict[str, Any] = {"status": base.get("status", "error"), "error_class": base.get("error_class"),
+                           "error": base.get("error"), "metrics": dict(base.get("metrics") or {}),
+                           "samples": dict(base.get("samples") or {}), "probes": dict(base.get("probes") or {}),
+                           "environment": dict(base.get("environment") or {})}
+    out["environment"].update({"ranks": {str(r): v for r, v in ranks.items()}, "launcher_exit_code": launcher_exit_code})
+    missing = sorted(set(expected or []) - set(docs))
+    if failing:
+        rank, doc = failing[0]
+        others = [f"rank {r}: {d.get('error_class')}" for r, d in failing[1:]]
+        out["error"] = f"rank {rank}: {doc.get('error')}" + (f" (then {', '.join(others)})" if others else "")
+        return out
+    problem = None
+    if launcher_problem:
+        problem = ("timeout", f"{launcher_problem}; no rank reported a failure"
+                   + (f", rank(s) {missing} wrote no document" if missing else ""))
+    elif not docs:
+        problem = ("crash", f"launcher exited {launcher_exit_code} and no rank wrote a result document")
+    elif missing:
+        problem = ("crash", f"rank(s) {missing} wrote no result document (launcher exited {launcher_exit_code})")
+    elif launcher_exit_code != 0:
+        problem = ("crash", f"launcher exited {launcher_exit_code} although every rank reported passed")
+    else:
+        for key, where in [(k, "environment") for k in _AGREE_ENV] + [(k, "metrics") for k in _AGREE_METRICS]:
+            values = {r: (d.get(where) or {}).get(key) for r, d in docs.items()}
+            if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+                problem = ("crash", f"ranks disagree on {key}: {values}")
+                break
+    if problem:
+        out.update(status="error", error_class=problem[0], error=problem[1])
+    return out

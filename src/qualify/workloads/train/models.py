@@ -168,8 +168,8 @@ def decoder_layers(model) -> list:
 def apply_checkpointing(model, setting: str | int) -> int:
     """Turn activation checkpointing on for "all" layers, the first N, or "none".
 
-    Returns the number of decoder layers that really checkpoint (read back from the
-    layers, not from the request).
+    Returns the number of decoder layers whose checkpointing attribute is on (what was asked
+    of transformers); the evidence that they checkpoint is count_checkpoint_calls().
     """
     layers = decoder_layers(model)
     if setting == "none" or setting == 0:
@@ -183,6 +183,35 @@ def apply_checkpointing(model, setting: str | int) -> int:
     for layer in layers[n:]:
         layer.gradient_checkpointing = False
     return sum(1 for layer in layers if getattr(layer, "gradient_checkpointing", False))
+
+
+def count_checkpoint_calls(model, device):
+    """Count, per decoder layer, the calls into its activation-checkpoint function.
+
+    transformers' GradientCheckpointingLayer runs its forward through
+    self._gradient_checkpointing_func (torch.utils.checkpoint, non-reentrant) when it
+    checkpoints; each is wrapped so that a call adds one to the layer's slot of the returned
+    counter tensor (on `device`). A tensor, not a Python number: under torch.compile the
+    increment is one more op of the traced graph, with no guard on its value, so the counter
+    neither breaks the graph nor forces recompiles (a Python counter recompiled every step).
+    Install before torch.compile; read the counter outside timed regions. A layer whose slot
+    grows during a step checkpointed in that step, whatever its attribute says.
+    """
+    import torch
+
+    layers = decoder_layers(model)
+    counter = torch.zeros(len(layers), dtype=torch.long, device=device)
+    for i, layer in enumerate(layers):
+        func = getattr(layer, "_gradient_checkpointing_func", None)
+        if func is None:
+            continue
+
+        def counted(*args, _func=func, _i=i, **kwargs):
+            counter[_i] += 1
+            return _func(*args, **kwargs)
+
+        layer._gradient_checkpointing_func = counted
+    return counter
 
 
 def estimate_state_bytes(n_params: int, dtype: str, zero_stage: int, world: int) -> int:

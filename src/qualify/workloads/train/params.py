@@ -172,9 +172,10 @@ def parse_params(params: dict[str, Any]) -> TrainParams:
         raise BadCase(f"param deepspeed_config: expected an object, got {type(ds).__name__}")
     check_release_rules(ds)
     inject = params.get("inject", {})
-    if not isinstance(inject, dict) or set(inject) - {"nan_at_step"}:
-        raise BadCase(f"param inject: only {{\"nan_at_step\": k}} is supported, got {inject!r}")
+    if not isinstance(inject, dict) or set(inject) - {"nan_at_step", "rank"}:
+        raise BadCase(f"param inject: only {{\"nan_at_step\": k, \"rank\": r}} is supported, got {inject!r}")
     _int(inject, "nan_at_step", 0)
+    _int(inject, "rank", 0)
     values = {k: v for k, v in params.items() if k in known}
     values["deepspeed_config"] = copy.deepcopy(ds)
     values["inject"] = dict(inject)

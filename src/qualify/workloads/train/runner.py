@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,9 +25,10 @@ from typing import Any, Callable
 from qualify.workloads import protocol
 from qualify.workloads.settings import WorkloadSettings
 from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
-from qualify.workloads.train.launch import (choose_launcher, free_port, is_launched,
-                                            launch_command, relaunch, single_process_env)
-from qualify.workloads.train.mfu import lookup_peak, mfu
+from qualify.workloads.train.launch import (RANK_RESULT_DIR, choose_launcher, free_port, is_launched,
+                                            launch_command, merge_rank_results, rank_result_path,
+                                            read_rank_results, relaunch, single_process_env)
+from qualify.workloads.train.mfu import mfu, peak_dtype, resolve_peak
 from qualify.workloads.train.params import (TrainParams, available_cores, check_against_model,
                                             deepspeed_config, effective_dtype, parse_params)
 
@@ -88,34 +90,43 @@ def _arm_timeout(timeout_s: Any) -> None:
 
 
 def _relaunched(case, p: TrainParams, launcher: str, timeout_s, log) -> dict[str, Any]:
-    """Start one worker per device through torchrun/deepspeed; rank 0's document is ours."""
+    """Start one worker per device through torchrun/deepspeed; merge the ranks' documents.
+
+    Each rank writes its document into a scratch directory (launch.RANK_RESULT_DIR) and exits
+    non-zero when it did not pass; the launcher's exit code is judged too (merge_rank_results).
+    """
     port = p.master_port or (free_port() if p.nodes == 1 else 29500)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+    scratch = tempfile.mkdtemp(prefix="qualify-ranks-")
+    case_path = os.path.join(scratch, "case.json")
+    with open(case_path, "w", encoding="utf-8") as fh:
         json.dump(case, fh)
-        case_path = fh.name
     cmd = launch_command(launcher, devices=p.devices, nodes=p.nodes, node_rank=p.node_rank,
                          master_addr=p.master_addr, master_port=port, case_path=case_path,
                          hostfile=WorkloadSettings.from_env().hostfile)
+    rc: int | None = None
+    problem: str | None = None
+    stdout = ""
     try:
-        rc, stdout = relaunch(cmd, timeout_s, log)
-    except (subprocess.TimeoutExpired, _Timeout) as exc:
-        why = str(exc) if isinstance(exc, _Timeout) else f"did not finish in {timeout_s} s"
-        return {"status": "error", "error_class": "timeout", "error": f"{launcher}: {why}",
-                "environment": {"launch_command": " ".join(cmd)}}
+        try:
+            rc, stdout = relaunch(cmd, timeout_s, log, {RANK_RESULT_DIR: scratch})
+        except (subprocess.TimeoutExpired, _Timeout) as exc:
+            problem = f"{launcher}: " + (str(exc) if isinstance(exc, _Timeout) else f"did not finish in {timeout_s} s")
+        docs = read_rank_results(scratch)
     finally:
-        os.unlink(case_path)
-    try:
-        doc = protocol.parse_result_output(stdout)
-    except ValueError:
-        return {"status": "error", "error_class": "crash",
-                "error": f"{launcher} exited {rc} without a result document from rank 0",
-                "environment": {"launch_command": " ".join(cmd)}}
-    env = dict(doc.get("environment") or {})
-    env.update({"launcher": launcher, "launch_command": " ".join(cmd), "launcher_exit_code": rc})
-    return {"status": doc.get("status", "error"), "error_class": doc.get("error_class"),
-            "error": doc.get("error"), "metrics": doc.get("metrics") or {},
-            "samples": doc.get("samples") or {}, "probes": doc.get("probes") or {},
-            "environment": env}
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not docs and rc is not None:
+        try:  # a launcher that did not hand our variable to its workers: rank 0's stdout
+            docs = {0: protocol.parse_result_output(stdout)}
+        except ValueError:
+            pass
+    # The ranks this node started (a multi-node DeepSpeed runner starts the other nodes' itself).
+    expected = (list(range(p.node_rank * p.devices, (p.node_rank + 1) * p.devices))
+                if launcher == "torchrun" or p.nodes == 1 else None)
+    fields = merge_rank_results(docs, expected=expected, launcher_exit_code=rc, launcher_problem=problem)
+    fields["environment"].update({"launcher": launcher, "launch_command": " ".join(cmd)})
+    if fields["status"] != "passed":
+        log.error("ranks: %s", fields["environment"]["ranks"])
+    return fields
 
 
 # --------------------------------------------------------------------------- one process
@@ -129,8 +140,8 @@ def _train(case, p: TrainParams, launcher: str, log: logging.Logger) -> dict[str
         restore = limit_memory(p.memory_limit_gb, s.counts["total"], s.dtype,
                                int(s.ds_cfg["zero_optimization"].get("stage", 0)), s.world,
                                s.device, s.env, torch)
-        engine, fixed = _build(s, log)
-        return _measure(s, engine, fixed, log)
+        engine, fixed, ckpt_counter = _build(s, log)
+        return _measure(s, engine, fixed, ckpt_counter, log)
     except Exception as exc:  # noqa: BLE001 - an OOM still reports where it happened
         if not protocol.is_oom(exc):
             raise
@@ -167,7 +178,15 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
     # between the ranks of this node.
     torch.set_num_threads(p.num_threads or max(1, available_cores() // max(1, settings.local_world_size)))
     torch.manual_seed(p.seed)
-    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None)
+    # With several ranks, a collective that waits on a dead peer gives up well inside the case
+    # timeout (the launcher normally stops the peers first): never the 30-minute default.
+    dist_kwargs: dict[str, Any] = {}
+    timeout_s = case.get("timeout_s")
+    if settings.world_size > 1 and isinstance(timeout_s, (int, float)) and timeout_s > 0:
+        import datetime
+
+        dist_kwargs["timeout"] = datetime.timedelta(seconds=max(30.0, min(1800.0, timeout_s / 2)))
+    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None, **dist_kwargs)
 
     env: dict[str, Any] = protocol.environment_base()
     env.update({
@@ -180,6 +199,7 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
         "model": p.model, "model_type": config.model_type, "dtype": effective_dtype(ds_cfg),
         "zero_stage": int(ds_cfg["zero_optimization"].get("stage", 0)),
         "deepspeed_config": ds_cfg, "load_avg_start": list(os.getloadavg()),
+        "collective_timeout_s": dist_kwargs["timeout"].total_seconds() if dist_kwargs else None,
     })
     env.update(device_facts(torch, device))
     return _Setup(p=p, config=config, counts=counts, ds_cfg=ds_cfg, dtype=env["dtype"],
@@ -201,8 +221,10 @@ def _build(s: _Setup, log: logging.Logger):
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(s.dtype, torch.float32)
     model = tm.build_model(s.config, device=s.device, dtype=torch_dtype,
                            attn_implementation=p.attn_implementation).train()
-    env["checkpointed_layers"] = tm.apply_checkpointing(model, p.activation_checkpointing)
+    # What was asked of transformers; the evidence (checkpointed_layers) is counted in _measure.
+    env["checkpointing_enabled_layers"] = tm.apply_checkpointing(model, p.activation_checkpointing)
     env["num_layers"] = len(tm.decoder_layers(model))
+    ckpt_counter = tm.count_checkpoint_calls(model, s.device)  # before compile: traced once
     gen = torch.Generator(device="cpu").manual_seed(p.seed + s.rank)
     fixed = torch.randint(0, s.config.vocab_size, (s.micro, p.seq_len), generator=gen)
     fixed = fixed.to(s.device)
@@ -220,15 +242,16 @@ def _build(s: _Setup, log: logging.Logger):
                                                       config=s.ds_cfg)
     env.update({
         "model_class": type(engine.module).__name__,
-        "compiled": isinstance(engine.module, torch._dynamo.eval_frame.OptimizedModule),
+        # Only that the module is wrapped; "compiled" is decided from the graphs dynamo compiled.
+        "compile_wrapped": isinstance(engine.module, torch._dynamo.eval_frame.OptimizedModule),
         "optimizer": type(ds_optimizer).__name__,
         "client_optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "activation_saved_bytes": env_bytes,
     })
-    log.info("model %s ready in %.1f s: %s, %d of %d layers checkpointed, optimizer %s",
-             p.model, time.monotonic() - t0, env["model_class"], env["checkpointed_layers"],
+    log.info("model %s ready in %.1f s: %s, checkpointing on for %d of %d layers, optimizer %s",
+             p.model, time.monotonic() - t0, env["model_class"], env["checkpointing_enabled_layers"],
              env["num_layers"], env["optimizer"])
-    return engine, fixed
+    return engine, fixed, ckpt_counter
 
 
 class _Stepper:
@@ -239,7 +262,9 @@ class _Stepper:
 
         self.s, self.engine, self.fixed, self.torch = s, engine, fixed, torch
         self.gen = torch.Generator(device="cpu").manual_seed(s.p.seed + s.rank + 1)
-        self.nan_at = s.p.inject.get("nan_at_step")
+        # inject.rank limits the NaN to one rank (a peer's failure in a multi-rank case).
+        self.nan_at = (s.p.inject.get("nan_at_step")
+                       if s.p.inject.get("rank") in (None, s.rank) else None)
         self.losses: list[float] = []
         from deepspeed.accelerator import get_accelerator
 
@@ -273,10 +298,50 @@ class _Stepper:
         return elapsed
 
 
-def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
+class _Evidence:
+    """What the timed engine really did: graphs dynamo compiled and graph breaks (over the
+    engine's steps), decoder layers that called their checkpoint function during the timed
+    steps (count_checkpoint_calls), never read from a flag or an attribute."""
+
+    def __init__(self, counter) -> None:
+        from torch._dynamo.utils import counters
+
+        self.counters = counters
+        self.counter = counter
+        self.graphs0, self.breaks0 = self._dynamo()
+        self.calls0: list[int] | None = None
+        self.timed_steps = 0
+
+    def _dynamo(self) -> tuple[int, int]:
+        return (int(self.counters["stats"].get("unique_graphs", 0)),
+                int(sum(self.counters["graph_break"].values())))
+
+    def timed_start(self) -> None:
+        self.calls0 = self.counter.tolist()
+
+    def report(self, env: dict[str, Any], log: logging.Logger) -> None:
+        graphs, breaks = self._dynamo()
+        env["compile_graphs"] = graphs - self.graphs0
+        env["compile_graph_breaks"] = breaks - self.breaks0
+        env["compiled"] = bool(env.get("compile_wrapped")) and env["compile_graphs"] > 0
+        if env.get("compile_wrapped") and not env["compiled"]:
+            log.warning("torch.compile compiled no graph: the model ran eagerly")
+        if self.calls0 is not None:
+            calls = self.counter.tolist()
+            grown = [b - a for a, b in zip(self.calls0, calls)]
+            env["checkpointed_layers"] = sum(1 for g in grown if g > 0)
+            env["checkpoint_calls_per_step"] = (sum(grown) / self.timed_steps) if self.timed_steps else None
+        else:
+            env["checkpointed_layers"] = None  # no timed step ran
+        env["evidence_measure"] = ("compile: torch._dynamo counters (unique_graphs, graph_break) over the "
+                                   "engine's steps; checkpointing: decoder layers that called their "
+                                   "checkpoint function during the timed steps")
+
+
+def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger) -> dict[str, Any]:
     """Warm up, then repeats x steps timed steps; the result fields."""
     from qualify.workloads.train import models as tm
-    from qualify.workloads.train.measure import peak_memory, summarize
+    from qualify.workloads.train.measure import PeakMemory, engine_activation_memory, summarize
 
     p, env, config = s.p, s.env, s.config
     step = _Stepper(s, engine, fixed)
@@ -291,12 +356,19 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
     times: list[list[float]] = []
     first_step = None
     gc_was_enabled = gc.isenabled()
+    evidence = _Evidence(ckpt_counter)
+    memory = PeakMemory(s.device)
     try:
         for _ in range(p.warmup_steps):
             elapsed = step()
             if first_step is None:
                 first_step = elapsed
         n_warm = len(step.losses)
+        # The set-up peak (model init, the eager activation pass, deepspeed.initialize, warm-up and
+        # compile) is kept apart; the training peak is measured from here on.
+        metrics["setup_peak_memory_bytes"] = memory.peak()
+        memory.reset()
+        evidence.timed_start()
         for _ in range(p.repeats):
             # As timeit does: collect between repeats, no cyclic GC pause inside one.
             gc.collect()
@@ -304,12 +376,15 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
             times.append([])
             for _ in range(p.steps):
                 times[-1].append(step())
+                evidence.timed_steps += 1
+                memory.sample()
             first_step = times[0][0] if first_step is None else first_step
             if gc_was_enabled:
                 gc.enable()
     except (_NanLoss, _Timeout) as exc:
         if gc_was_enabled:
             gc.enable()
+        evidence.report(env, log)
         env["load_avg_end"] = list(os.getloadavg())
         nan = isinstance(exc, _NanLoss)
         finite = [x for x in step.losses if math.isfinite(x)]  # JSON has no NaN
@@ -328,13 +403,21 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
     metrics.update(summary)
     per_device = summary["tokens_per_s_per_device"]
     achieved = fpt * per_device if per_device else None  # model FLOP/s per device
-    peak, env["peak_flops_source"] = p.peak_flops_per_device, "case"
-    if peak is None:
-        # Only a GPU has a table entry; a CPU's peak is unknown unless the case gives it.
-        peak = lookup_peak(env.get("device_name")) if s.device.type == "cuda" else None
-        env["peak_flops_source"] = "table" if peak else "unknown device"
+    import torch
+
+    # The peak of this device for the dtype the matmuls run in (fp32 may run as TF32); the
+    # manifest's peak_flops_per_device wins; an unknown pair leaves MFU null with its reason.
+    env["peak_dtype"] = peak_dtype(s.dtype, torch if s.device.type == "cuda" else None)
+    chosen = resolve_peak(manifest_peak=p.peak_flops_per_device, device_type=s.device.type,
+                          device_name=env.get("device_name"), dtype=env["peak_dtype"])
+    peak = chosen["peak"]
     env["peak_flops_per_device"] = peak
-    mem, env["memory_measure"] = peak_memory(s.device)
+    env["peak_source"] = env["peak_flops_source"] = chosen["source"]
+    mem = memory.peak()
+    env["memory_measure"] = memory.describe()
+    evidence.report(env, log)
+    # One more step of the same engine, after the timed repeats: its activation memory.
+    env.update(engine_activation_memory(engine, step.batch(), s.device))
     env["load_avg_end"] = list(os.getloadavg())
     metrics.update({
         "tflops_per_device": achieved / 1e12 if achieved else None,
@@ -346,6 +429,8 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
         "compile_time_s": max(0.0, first_step - summary["step_time_s_median"]),
         "loss_first": losses[0], "loss_last": losses[-1],
     })
+    env["mfu_null_reason"] = (None if metrics["mfu"] is not None
+                              else chosen["null_reason"] or "no achieved FLOP/s measured")
     fields: dict[str, Any] = {"status": "passed", "probes": {}}
     if p.data == "memorize":
         falls = losses[-1] < losses[0]
@@ -358,7 +443,6 @@ def _measure(s: _Setup, engine, fixed, log: logging.Logger) -> dict[str, Any]:
     log.info("tokens/s %.1f (median step %.4f s, cv %s), loss %.3f -> %.3f",
              summary["tokens_per_s"] or 0, summary["step_time_s_median"],
              summary["cv_tokens_per_s"], losses[0], losses[-1])
-    import torch
 
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -389,5 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     if settings.rank != 0:
         # Only rank 0 reports on stdout; the other ranks' documents go to stderr.
         sys.stdout = sys.stderr
+    if settings.launched and settings.rank_result_dir:
+        # A worker of our relaunch: its own document for the parent to merge, and a non-zero exit
+        # when it did not pass, so that the launcher stops the peers waiting on it.
+        return protocol.run_workload("train", handle, rest,
+                                     result_path=rank_result_path(settings.rank_result_dir, settings.rank),
+                                     failure_exit_code=1)
     return protocol.run_workload("train", handle, rest)
 

@@ -277,7 +277,12 @@ def _load_reference(p: InferParams, source: infer_models.ModelSource, path: str 
 
 def _serve(model, prompts: torch.Tensor, p: InferParams, device: str
            ) -> tuple[dict[str, Any], dict[str, list[float]], list[list[int]], int]:
-    """Greedy requests one at a time: (metrics, samples, first repeat's outputs, non-finite steps)."""
+    """Greedy requests one at a time: (metrics, samples, first repeat's outputs, non-finite steps).
+
+    Every request builds its own KV cache from scratch (greedy_generate with cache=None), so no
+    repeat is served from a cache that an earlier one filled: unlike vLLM's prefix cache there is
+    nothing to reset between repeats here.
+    """
     for i in range(p.warmup):
         greedy_generate(model, prompts[i % p.num_prompts], p.max_new_tokens, device=device)
     records: list[dict[str, Any]] = []
@@ -353,26 +358,34 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         ref_model = _load_reference(p, source, path, steps, dtype, device, attn, log)
         if int(ref_model.config.vocab_size) != vocab:
             raise BadCase(f"reference_model: vocabulary {ref_model.config.vocab_size} differs from {vocab}")
-        metrics["weight_bytes_ref"] = infer_quant.weight_bytes(ref_model)
         ref_logits = teacher_forced_logits(ref_model, eval_seqs, device, eval_batch)
         del ref_model
         _free()
     else:
-        metrics["weight_bytes_ref"] = infer_quant.weight_bytes(model)
         ref_logits = teacher_forced_logits(model, eval_seqs, device, eval_batch)
 
-    # ---- quantize in place
+    # ---- quantize in place, then read back what really happened
+    qlayers = infer_quant.target_layers(model, p.quantize_lm_head)
+    reference_bytes = infer_quant.linear_weight_bytes(qlayers)  # the same weights, unquantized
     _sync(device)
     t0 = time.monotonic()
-    qinfo = infer_quant.quantize(model, p.scheme, device=device, group_size=p.group_size, log=log)
+    qinfo = infer_quant.quantize(model, p.scheme, device=device, group_size=p.group_size,
+                                 quantize_lm_head=p.quantize_lm_head, log=log)
     _sync(device)
     metrics["quantize_time_s"] = time.monotonic() - t0 if p.scheme != "none" else 0.0
-    metrics["quantized_layers"] = qinfo["quantized_layers"]
-    metrics["skipped_layers"] = qinfo["skipped_layers"]
     if p.inject.get("corrupt_weights"):
         n = infer_quant.corrupt_weights(model, p.seed)
         log.warning("inject.corrupt_weights: scrambled the stored weights of %d linear layers", n)
-    metrics["weight_bytes"] = infer_quant.weight_bytes(model)
+    qmetrics, qenv = infer_quant.readback(model, p.scheme, qlayers, reference_bytes)
+    metrics.update(qmetrics)
+    metrics["requested_layers"] = qinfo["requested_layers"]
+    # Kept names: quantized_layers is now the read-back count; weight_bytes_ref the reference bytes.
+    metrics["quantized_layers"] = qmetrics["quantized_weights"]
+    metrics["skipped_layers"] = qmetrics["linear_weights"] - qmetrics["quantized_weights"]
+    metrics["weight_bytes_ref"] = reference_bytes
+    log.info("read back: %d of %d linear weights quantized (%s), weight bytes %d -> %d (ratio %.3f)",
+             qmetrics["quantized_weights"], qmetrics["linear_weights"], qenv["weight_types"], reference_bytes,
+             qmetrics["weight_bytes"], qmetrics["weight_bytes_ratio"] or float("nan"))
 
     # ---- agreement with the reference
     q_logits = teacher_forced_logits(model, eval_seqs, device, eval_batch)
@@ -388,23 +401,36 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     metrics.update(serving)
 
     # ---- probes on the quantized model
+    # A probe never changes the case's status; one that raises is reported as "error".
     probes: dict[str, dict[str, Any]] = {}
     if "prefix_cache" in p.probes:
         if p.engine_args.get("enable_prefix_caching") is False:
-            probes["prefix_cache"] = infer_probes.skipped("prefix caching disabled (engine_args)")
+            probes["prefix_cache"] = infer_probes.skipped("prefix caching disabled (engine_args)", by_setting=True)
         else:
             tie_tol = p.prefix_tie_tol if p.prefix_tie_tol is not None else (1e-3 if dtype == torch.float32 else 0.1)
-            probes["prefix_cache"] = prefix_cache_probe(model, tokens, p, max_len, device, tie_tol)
+            probes["prefix_cache"] = infer_probes.run_probe(
+                "prefix_cache", lambda: prefix_cache_probe(model, tokens, p, max_len, device, tie_tol), log)
     if "max_model_len" in p.probes:
-        probes["max_model_len"], long_out = max_model_len_probe(model, tokens, p, max_len, device, log)
-        if long_out is not None:
-            outputs.append(long_out)
+        long_out: list[list[int]] = []
+
+        def _long() -> dict[str, Any]:
+            result, out = max_model_len_probe(model, tokens, p, max_len, device, log)
+            if out is not None:
+                long_out.append(out)
+            return result
+
+        probes["max_model_len"] = infer_probes.run_probe("max_model_len", _long, log)
+        outputs.extend(long_out)
     if "degenerate" in p.probes:
-        probes["degenerate"] = infer_probes.check_degenerate(outputs, vocab, p.max_repeat_run, nonfinite)
+        probes["degenerate"] = infer_probes.run_probe(
+            "degenerate", lambda: infer_probes.check_degenerate(outputs, vocab, p.max_repeat_run, nonfinite), log)
     metrics["max_model_len"] = max_len
 
     env = environment(device, dtype)
-    env.update({"scheme": p.scheme, "model": p.model, "model_path": path, "data": tokens.kind,
+    env.update(tokens.facts())
+    env["eval_windows"] = int(eval_seqs.shape[0])
+    env.update({"scheme": p.scheme, "model": p.model, "model_path": path,
                 "train_steps": steps if source.kind == "preset" else None,
-                "int4_group_sizes": qinfo.get("group_sizes") or None})
+                "int4_group_sizes": qinfo.get("group_sizes") or None,
+                "quantize_lm_head": p.quantize_lm_head, **qenv})
     return {"metrics": metrics, "samples": samples, "probes": probes, "environment": env}

@@ -15,7 +15,8 @@ against vLLM 0.8.5's documented offline API:
   ``metrics`` (RequestMetrics: arrival_time, first_token_time, last_token_time,
   finished_time); the V1 engine leaves ``metrics`` None, then times come from the wall
   clock (one request at a time, max_tokens=1 for TTFT).
-* ``LLM.reset_prefix_cache()`` (to compute a request "fresh" for the prefix probe).
+* ``LLM.reset_prefix_cache()`` (to compute a request "fresh" for the prefix probe, and before
+  every throughput repeat so that no repeat is served from the prefix cache).
 
 The pure parts - case -> LLM/SamplingParams kwargs, checkpoint scheme detection,
 RequestOutput parsing, error classification - are unit-tested with plain fake objects
@@ -30,10 +31,11 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
+from qualify.workloads.infer import checkpoint as infer_checkpoint
 from qualify.workloads.infer import metrics as infer_metrics
 from qualify.workloads.infer import models as infer_models
 from qualify.workloads.infer import probes as infer_probes
-from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, InferParams
+from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, SCHEME_WEIGHTS, InferParams
 from qualify.workloads.protocol import BadCase, WorkloadFailure, is_oom
 
 # Release note: "to run models quantized by using AWQ and GPTQ on vLLM 0.8.5, you must add
@@ -307,6 +309,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         return llm.generate([{"prompt_token_ids": [int(t) for t in ids]} for ids in ids_list], sp, use_tqdm=False)
 
     metrics: dict[str, Any] = {}
+    qenv = _quantization_readback(p, source, path, metrics, log)
     vocab = int((config or {}).get("vocab_size") or 0)
     tokenizer = infer_models.load_tokenizer(path) if has_tok and path and source.kind != "hub" else None
 
@@ -356,13 +359,30 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual), None))
 
     # ---- serving: batched throughput per repeat; per-request timings
-    prompts = data.prompts(p.num_prompts, p.prompt_len).tolist()
-    for _ in range(p.warmup):
-        gen(llm, prompts[:1], max_tokens=p.max_new_tokens)
+    # Each repeat sends its own prompts, and the prefix cache is emptied before the measured pass
+    # after warm-up and before every repeat: otherwise (prefix caching is on by default) every
+    # repeat after the first is served from the cache, prefill is not measured, and the median
+    # is a cached repeat.
+    reset = getattr(llm, "reset_prefix_cache", None)
+    resets = {"asked": 0, "refused": 0}
+
+    def empty_prefix_cache() -> None:
+        if reset is None:
+            return
+        resets["asked"] += 1
+        if reset() is False:  # vLLM refuses while requests are running
+            resets["refused"] += 1
+
+    warm_prompts = data.prompts(p.num_prompts, p.prompt_len, repeat=p.repeats).tolist()
+    for i in range(p.warmup):
+        gen(llm, [warm_prompts[i % len(warm_prompts)]], max_tokens=p.max_new_tokens)
     rates: list[float] = []
     outputs: list[list[int]] = []
     records: list[dict[str, Any]] = []
+    prompts: list[list[int]] = []
     for rep in range(p.repeats):
+        prompts = data.prompts(p.num_prompts, p.prompt_len, repeat=rep).tolist()
+        empty_prefix_cache()
         start = time.perf_counter()
         outs = gen(llm, prompts, max_tokens=p.max_new_tokens)
         end = time.perf_counter()
@@ -372,15 +392,12 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
             outputs = [r["tokens"] for r in recs]
         records += [r for r in recs if r["timing"] == "engine_metrics"]
     if not records:  # V1: no per-request metrics; time each request alone on the wall clock
-        reset = getattr(llm, "reset_prefix_cache", None)
         for ids in prompts:
-            if reset:
-                reset()
+            empty_prefix_cache()
             t = time.perf_counter()
             gen(llm, [ids], max_tokens=1)
             ttft = time.perf_counter() - t
-            if reset:
-                reset()
+            empty_prefix_cache()
             t = time.perf_counter()
             out = gen(llm, [ids], max_tokens=p.max_new_tokens)[0]
             records.append(parse_request_output(out, wall_start=t, wall_end=time.perf_counter(), wall_ttft=ttft))
@@ -395,38 +412,82 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         max_len = max_len or int(llm.llm_engine.model_config.max_model_len)
     except Exception:  # noqa: BLE001
         pass
+    # A probe never changes the case's status; one that raises is reported as "error".
     if "prefix_cache" in p.probes:
-        probes["prefix_cache"] = _prefix_probe(p, llm, gen, data, max_len or 2048)
+        probes["prefix_cache"] = infer_probes.run_probe(
+            "prefix_cache", lambda: _prefix_probe(p, llm, gen, data, max_len or 2048), log)
     if "max_model_len" in p.probes:
         if not max_len:
             probes["max_model_len"] = infer_probes.skipped("max_model_len unknown")
         else:
-            new = max(1, min(p.max_new_tokens, 4, max_len - 1))
-            ids = data.probe_tokens(1, max_len - new, offset=2)[0].tolist()
-            try:
-                out = gen(llm, [ids], max_tokens=new)[0]
-                outputs.append([int(t) for t in out.outputs[0].token_ids])
-                probes["max_model_len"] = infer_probes.probe("passed", f"one request of {max_len} tokens ran")
-            except Exception as exc:  # noqa: BLE001
-                cls = classify_error(exc) or "crash"
-                probes["max_model_len"] = infer_probes.probe(
-                    "failed", f"one request of {max_len} tokens: {type(exc).__name__}: {str(exc)[:300]}",
-                    error_class=cls)
+            probes["max_model_len"] = infer_probes.run_probe(
+                "max_model_len", lambda: _max_model_len_probe(p, llm, gen, data, max_len, outputs), log)
     if "degenerate" in p.probes:
-        probes["degenerate"] = infer_probes.check_degenerate(outputs, vocab or 1 << 62, p.max_repeat_run)
+        probes["degenerate"] = infer_probes.run_probe(
+            "degenerate", lambda: infer_probes.check_degenerate(outputs, vocab or 1 << 62, p.max_repeat_run), log)
     metrics["max_model_len"] = max_len
     _shutdown(llm)
     env = _environment()
     env.update({"scheme": p.scheme, "model": p.model, "model_path": path,
                 "llm_kwargs": {k: v for k, v in llm_kwargs(p, path, config, has_tokenizer=has_tok).items()
                                if isinstance(v, (str, int, float, bool)) or v is None},
-                "timing": records[0]["timing"] if records else None, "data": data.kind})
+                "timing": records[0]["timing"] if records else None, "eval_windows": len(eval_seqs),
+                "prefix_cache_resets": resets["asked"] if reset is not None else None,
+                "prefix_cache_resets_refused": resets["refused"] if reset is not None else None,
+                "prompts_per_repeat": "distinct prompts for every repeat and for the warm-up"})
+    env.update(data.facts())
+    env.update(qenv)
     return {"metrics": metrics, "samples": samples, "probes": probes, "environment": env}
+
+
+def _quantization_readback(p: InferParams, source: infer_models.ModelSource, path: str | None,
+                           metrics: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
+    """Read back from the checkpoint files what is quantized (checkpoint.readback); the figures stay
+    null, and the environment says why, when there is no local checkpoint and reference to read."""
+    if p.scheme == "none":
+        return {}
+    why = None
+    ref_path = None
+    if source.kind == "hub" or not path:
+        why = "the checkpoint is not a local directory"
+    elif p.reference_model is None:
+        why = "no reference_model to compare the weights with"
+    else:
+        ref = infer_models.resolve_model(p.reference_model, "vllm", param="reference_model")
+        ref_path = ref.path if ref.kind != "hub" else None
+        why = None if ref_path else "the reference is not a local directory"
+    if why is None:
+        try:
+            qmetrics, qenv = infer_checkpoint.readback(path, ref_path, SCHEME_WEIGHTS[p.scheme][0])
+        except (OSError, ValueError, KeyError) as exc:
+            why = f"reading the safetensors headers failed: {type(exc).__name__}: {exc}"
+        else:
+            metrics.update(qmetrics)
+            log.info("read back from the checkpoint: %d of %d linear weights quantized, weight bytes ratio %s",
+                     qmetrics["quantized_weights"], qmetrics["linear_weights"], qmetrics["weight_bytes_ratio"])
+            return {**qenv, "quantization_verified": True}
+    log.warning("quantization not read back: %s", why)
+    return {"quantization_verified": False, "quantization_not_verified_reason": why}
+
+
+def _max_model_len_probe(p: InferParams, llm: Any, gen, data, max_len: int, outputs: list[list[int]]
+                         ) -> dict[str, Any]:
+    """One request at max_model_len must run: an engine failure on it is the probe's finding."""
+    new = max(1, min(p.max_new_tokens, 4, max_len - 1))
+    ids = data.probe_tokens(1, max_len - new, offset=2)[0].tolist()
+    try:
+        out = gen(llm, [ids], max_tokens=new)[0]
+    except Exception as exc:  # noqa: BLE001
+        cls = classify_error(exc) or "crash"
+        return infer_probes.probe("failed", f"one request of {max_len} tokens: {type(exc).__name__}: "
+                                  f"{str(exc)[:300]}", error_class=cls)
+    outputs.append([int(t) for t in out.outputs[0].token_ids])
+    return infer_probes.probe("passed", f"one request of {max_len} tokens ran")
 
 
 def _prefix_probe(p: InferParams, llm: Any, gen, data, max_len: int) -> dict[str, Any]:
     if p.engine_args.get("enable_prefix_caching") is False:
-        return infer_probes.skipped("prefix caching disabled (--no-enable-prefix-caching)")
+        return infer_probes.skipped("prefix caching disabled (--no-enable-prefix-caching)", by_setting=True)
     reset = getattr(llm, "reset_prefix_cache", None)
     if reset is None:
         return infer_probes.skipped("LLM.reset_prefix_cache is missing: cannot compute fresh requests")
