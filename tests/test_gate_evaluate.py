@@ -559,3 +559,15 @@ def test_retried_cases_are_shown(rel, good):
     verdict = judge(rel, replace(good, "train/tiny/base", attempts=2))
     [reason] = only(verdict, "retries", "train/tiny/base")
     assert reason.status == "PASS" and "2 attempts" in reason.message
+
+
+def test_unverified_quantization_is_incomplete(rel, good):
+    case = "infer/tq/w8a8"
+    env = {**good[case].environment, "quantization_verified": False,
+           "quantization_not_verified_reason": "the checkpoint is a hub id"}
+    verdict = judge(rel, replace(good, case, environment=env))
+    [reason] = only(verdict, "quantization", case)
+    assert reason.status == "INCOMPLETE" and "hub id" in reason.message and verdict.verdict == "INCOMPLETE"
+    shown = replace(good, case, metrics={**good[case].metrics, "quantized_weights": 14, "linear_weights": 14,
+                                         "quantized_share": 1.0, "weight_bytes_ratio": 0.26})
+    assert only(judge(rel, shown), "quantization", case)[0].status == "PASS"

@@ -364,6 +364,8 @@ class InferSettings(Strict):
     num_threads: int | None = Field(default=None, gt=0)
     train_steps: int | None = Field(default=None, ge=0)
     min_token_agreement: float | None = Field(default=None, ge=0, le=1)
+    # Shipped AWQ/GPTQ/W8A8 checkpoints keep lm_head in float; opt in to quantize it too.
+    quantize_lm_head: bool | None = None
     probes: list[Probe] | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
     resources: Resources | None = None

@@ -526,6 +526,31 @@ def check_variant_evidence(cases: Sequence[Case], results: Mapping[str, ResultDa
     return reasons
 
 
+def check_quantization_evidence(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """A quantized scheme counts only when its weights were read back as quantized (the workload fails a case
+    whose weights did not shrink as `quantization_not_applied`); a checkpoint that could not be read back
+    proved nothing and is INCOMPLETE."""
+    reasons: list[Reason] = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if case.kind != "infer" or case.variant in (None, "none") or result is None or result.status != "passed":
+            continue
+        env, metrics = result.environment, result.metrics
+        figures = {k: metrics.get(k) for k in ("quantized_weights", "linear_weights", "quantized_share",
+                                                "weight_bytes_ratio") if k in metrics}
+        if env.get("quantization_verified") is False:
+            reasons.append(Reason("quantization", case.case_id, INCOMPLETE,
+                                  f"the {case.variant} weights were not read back: "
+                                  f"{env.get('quantization_not_verified_reason') or 'no reason given'}", figures))
+        elif figures.get("quantized_weights") is not None:
+            share, ratio = figures.get("quantized_share"), figures.get("weight_bytes_ratio")
+            reasons.append(Reason("quantization", case.case_id, PASS,
+                                  f"{figures['quantized_weights']}/{figures.get('linear_weights')} linear weights "
+                                  f"quantized (share {_fmt(share)}), weight bytes x{_fmt(ratio)} of the reference",
+                                  figures))
+    return reasons
+
+
 # --------------------------------------------------------------------------- waivers
 
 

@@ -19,6 +19,7 @@ from qualify.gate.checks import (
     check_completeness,
     check_components,
     check_probes,
+    check_quantization_evidence,
     check_regression,
     check_retries,
     check_thresholds,
@@ -92,6 +93,7 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_regression(policy, cases, current, base, baseline_label, previous_named=previous_named)
     reasons += check_variant_gains(policy, cases, current)
     reasons += check_variant_evidence(cases, current)
+    reasons += check_quantization_evidence(cases, current)
     reasons += check_retries(cases, current)
     reasons = apply_waivers(reasons, policy.waivers if waivers is None else waivers, today)
     return Judgement(decide(reasons), reasons)
