@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-from prefect.task_runners import ThreadPoolTaskRunner
-
 from qualify.errors import InfraError
 from qualify.launch import ProgressCallback, RunRequest
 from qualify.outcomes import RunOutcome
@@ -26,7 +24,9 @@ def prepare_environment(settings: Settings, verbose: bool) -> None:
 
 
 def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallback) -> RunOutcome:
-    prepare_environment(settings, request.verbose)
+    prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
+    from prefect.task_runners import ThreadPoolTaskRunner
+
     from flows.qualify_release import qualify_release
 
     # Every case's Prefect task waits on its Ray task: a pool smaller than the matrix would queue

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from prefect import flow, get_run_logger
+from prefect.futures import wait as wait_for_all
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
@@ -67,7 +68,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         logger.info("components: %d/%d as expected", sum(c["ok"] for c in checks), len(checks))
 
         with ctx.timed_stage("cases"):
-            pending = pipeline.pending_cases(ctx)
+            pending = pipeline.pending_cases(ctx, log=logger.info)
             ctx.progress.total = len(ctx.cases)
             ctx.progress.done = len(ctx.cases) - len(pending)
             if ctx.resumed:
@@ -75,6 +76,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
             progress_id = progress_artifact_task(ctx, ctx.progress.done, ctx.progress.total)
             futures = [run_case_task.with_options(task_run_name=case.case_id).submit(ctx, case, progress_id)
                        for case in pending]
+            wait_for_all(futures)  # every case finishes (and is spooled) before a failed one stops the flow
             outcomes = [f.result() for f in futures]
 
         with ctx.timed_stage("gate"):

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def sleep_manifest(path: Path, cases: list[dict[str, Any]], *, name: str = "sleepy", tag: str = "1.0",
-                   previous: str | None = "0.9", timeout_s: int = 60, retries: int = 1,
+                   previous: str | None = None, timeout_s: int = 60, retries: int = 1,
                    extra: dict[str, Any] | None = None) -> Path:
     data: dict[str, Any] = {
         "apiVersion": "qualify/v1",

@@ -172,3 +172,126 @@ def test_compare_components() -> None:
     checks = {c["name"]: c for c in compare_components(comps, {"python": "3.11.7", "packages": {"torch": "2.6.0"}})}
     assert checks["python"]["ok"] and not checks["torch"]["ok"] and checks["extra"]["ok"]
     assert "2.6.0" == checks["torch"]["actual"] and "optional" in checks["extra"]["detail"]
+
+
+# --------------------------------------------------------------------------- no lost results
+
+
+def _locked_ctx(tmp_path: Path) -> pipeline.RunContext:
+    """A run whose database gives up on a lock after 0.5 s (the default waits 30 s)."""
+    from qualify.store.engine import make_engine, session_factory
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    open_database(url)
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep", "count": 1}], retries=0)
+    context = pipeline.open_run(session_factory(make_engine(url, busy_timeout_s=0.5)), manifest)
+    context.executor = LocalExecutor()
+    context.data_dir = tmp_path / "data"
+    return context
+
+
+def _hold_write_lock(path: Path, seconds: float):  # type: ignore[no-untyped-def]
+    import sqlite3
+    import threading
+
+    ready = threading.Event()
+
+    def hold() -> None:
+        conn = sqlite3.connect(path, timeout=5, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        ready.set()
+        __import__("time").sleep(seconds)
+        conn.execute("COMMIT")
+        conn.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    ready.wait(5)
+    return thread
+
+
+def test_a_result_survives_a_database_locked_across_the_case_finish(tmp_path: Path) -> None:
+    ctx = _locked_ctx(tmp_path)
+    holder = _hold_write_lock(tmp_path / "q.db", 3.0)  # longer than the busy timeout: the first writes fail
+    logs: list[str] = []
+    outcome = _run(ctx, FakeRunner(), logs)
+    holder.join()
+    assert outcome.passed and any("retrying" in line for line in logs), logs
+    assert pipeline.pending_cases(ctx) == []  # recorded once the lock was released
+    assert not list((tmp_path / "data" / "spool").rglob("*.json"))  # and the spool emptied
+
+
+def test_a_result_the_database_refused_is_recorded_on_resume(tmp_path: Path) -> None:
+    from qualify.errors import InfraError
+
+    ctx = _locked_ctx(tmp_path)
+    ctx.db_write_attempts = 1
+    holder = _hold_write_lock(tmp_path / "q.db", 2.0)
+    with pytest.raises(InfraError, match="--resume"):
+        _run(ctx, FakeRunner(), [])
+    holder.join()
+    spooled = list((tmp_path / "data" / "spool").rglob("*.json"))
+    assert len(spooled) == 1
+    logs: list[str] = []
+    assert pipeline.pending_cases(ctx, logs.append) == []  # recorded from the spool, not run again
+    assert any("spooled by an earlier driver" in line for line in logs) and not spooled[0].exists()
+
+
+def test_with_retries_backs_off_and_gives_up() -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from qualify import spool
+
+    calls, sleeps = [], []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationalError("INSERT", {}, Exception("database is locked"))
+        return "ok"
+
+    assert spool.with_retries(flaky, attempts=5, sleep=sleeps.append) == "ok" and sleeps == [1.0, 2.0]
+    def always_locked() -> str:
+        raise OperationalError("INSERT", {}, Exception("database is locked"))
+
+    with pytest.raises(OperationalError):
+        spool.with_retries(always_locked, attempts=2, sleep=lambda _s: None)
+
+
+def test_a_stale_running_run_is_aborted_by_the_next_run_of_its_digest(tmp_path: Path) -> None:
+    _, sessions = open_database(f"sqlite:///{tmp_path / 'q.db'}")
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep", "count": 1}])
+    from qualify.store import repo
+    from qualify.store.models import Run
+
+    first = pipeline.open_run(sessions, manifest)
+    with sessions() as s:
+        image = repo.get_or_create_image(s, "r/x", "1", "sha256:" + "9" * 64)
+        repo.attach_candidate(s, s.get(Run, first.run_id), image)
+        run = s.get(Run, first.run_id)
+        run.driver_pid = 2**22 + 12345  # a pid that does not exist: the driver was killed
+        s.commit()
+        assert pipeline.driver_gone(run) and "is gone" in pipeline.driver_gone(run)
+    second = pipeline.open_run(sessions, manifest)
+    with sessions() as s:
+        image = repo.get_or_create_image(s, "r/x", "1", "sha256:" + "9" * 64)  # insert-or-select: same row
+        repo.attach_candidate(s, s.get(Run, second.run_id), image, stale=pipeline.driver_gone)
+        s.commit()
+        old = s.get(Run, first.run_id)
+        assert old.status == "aborted" and f"aborted by run {second.run_id}" in old.error
+        assert s.get(Run, second.run_id).candidate_digest == "sha256:" + "9" * 64
+
+
+def test_a_live_run_still_blocks_its_digest(tmp_path: Path) -> None:
+    _, sessions = open_database(f"sqlite:///{tmp_path / 'q.db'}")
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep", "count": 1}])
+    from qualify.store import repo
+    from qualify.store.models import Run
+
+    first = pipeline.open_run(sessions, manifest)  # driven by this (live) process
+    second = pipeline.open_run(sessions, manifest)
+    with sessions() as s:
+        image = repo.get_or_create_image(s, "r/x", "1", "sha256:" + "8" * 64)
+        repo.attach_candidate(s, s.get(Run, first.run_id), image, stale=pipeline.driver_gone)
+        with pytest.raises(repo.RunConflict, match="still running"):
+            repo.attach_candidate(s, s.get(Run, second.run_id), image, stale=pipeline.driver_gone)

@@ -172,3 +172,47 @@ def test_wait_queues_behind_the_running_run_of_the_same_digest(tmp_path: Path) -
     # The second run's case ran only after the first run had finished: nothing interleaved.
     recorded = {r["run_id"]: r["recorded_at"] for r in db_rows(db, "SELECT run_id, recorded_at FROM case_results")}
     assert str(recorded[2]) > str(runs[0]["finished_at"])
+
+
+def test_a_killed_driver_no_longer_blocks_its_digest(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    slow = sleep_manifest(tmp_path / "slow.yaml", [{"name": "slow", "kind": "sleep", "params": {"duration_s": 60}}])
+    proc = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(slow), "--db", db],
+                            env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: _candidate_attached(db), 240, "the first run to bind its candidate")
+        os.killpg(proc.pid, signal.SIGKILL)  # no chance to mark its run: it stays "running"
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    quick = sleep_manifest(tmp_path / "quick.yaml", [{"name": "nap", "kind": "sleep", "params": {"duration_s": 0.2}}])
+    (tmp_path / "next").mkdir()
+    res = run_qualify(["run", str(quick), "--db", db, "--json"], tmp_path / "next")
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = db_rows(db, "SELECT id, status, error FROM runs ORDER BY id")
+    assert [r["status"] for r in runs] == ["aborted", "passed"]
+    assert f"aborted by run {runs[1]['id']}" in runs[0]["error"] and "is gone" in runs[0]["error"]
+
+
+def test_simultaneous_runs_of_one_digest_bind_once_and_leave_nothing_running(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep", "params": {"duration_s": 20}}])
+    run_qualify(["db", "upgrade", "--db", db], tmp_path)
+    procs = []
+    for k in range(3):
+        (tmp_path / f"d{k}").mkdir()
+        procs.append(subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", db],
+                                      env=cli_env(tmp_path / f"d{k}"), cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    outs = [p.communicate(timeout=600) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2, 2], [(p.returncode, o[1][-500:]) for p, o in zip(procs, outs)]
+    for proc, (_stdout, stderr) in zip(procs, outs):
+        assert "Traceback" not in stderr and "IntegrityError" not in stderr
+        if proc.returncode == 2:
+            assert "is still running" in stderr or "another run of digest" in stderr, stderr[-500:]
+    runs = db_rows(db, "SELECT status, candidate_digest FROM runs")
+    assert sorted(r["status"] for r in runs) == ["aborted", "aborted", "passed"]
+    assert not [r for r in runs if r["status"] == "running"]

@@ -571,3 +571,17 @@ def test_unverified_quantization_is_incomplete(rel, good):
     shown = replace(good, case, metrics={**good[case].metrics, "quantized_weights": 14, "linear_weights": 14,
                                          "quantized_share": 1.0, "weight_bytes_ratio": 0.26})
     assert only(judge(rel, shown), "quantization", case)[0].status == "PASS"
+
+
+def test_checkpointing_none_asks_for_no_evidence():
+    rel = release(training={"models": [{"name": "tiny", "preset": "tiny-llama"}],
+                            "variants": [{"name": "base"}, {"name": "ckpt", "activation_checkpointing": "all"}]},
+                  gate_extra={"variant_gains": []})
+    results = good_results(rel)
+    assert [c.params["activation_checkpointing"] for c in cases_of(rel) if c.kind == "train"] == ["none", "all"]
+    verdict = judge(rel, results)
+    assert only(verdict, "variant_evidence", "train/tiny/base") == []
+    assert only(verdict, "variant_evidence", "train/tiny/ckpt")[0].status == "PASS"
+    no_effect = replace(results, "train/tiny/ckpt",
+                        environment={**results["train/tiny/ckpt"].environment, "checkpointed_layers": 0})
+    assert only(judge(rel, no_effect), "variant_evidence", "train/tiny/ckpt")[0].status == "FAIL"

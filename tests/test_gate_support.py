@@ -94,7 +94,8 @@ def good_doc(case: Case, *, scale: float = 1.0, seed: int = 0, n: int = 5, noise
         # the evidence a real training workload reports when a variant's switch took effect
         doc["environment"].update({"compile_graphs": 1 if case.params.get("compile") else 0,
                                    "compile_graph_breaks": 0,
-                                   "checkpointed_layers": 2 if case.params.get("activation_checkpointing") else 0})
+                                   "checkpointed_layers": 0 if case.params.get("activation_checkpointing") in (None, "none")
+                                   else 2})
         return doc
     if case.kind == "infer":
         series = noisy(200 * scale, n, noise, seed + 1)

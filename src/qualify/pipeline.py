@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from qualify import fingerprint
+from qualify import fingerprint, spool
 from qualify.build import BuildError, BuildResult, build_candidate
 from qualify.cases import Case, expand
-from qualify.errors import BadInput, Rejected
+from qualify.errors import BadInput, InfraError, Rejected
 from qualify.executors import Executor, LocalExecutor
 from qualify.gate.service import Evaluation, evaluate_and_commit
 from qualify.manifest import Release
@@ -97,6 +98,7 @@ class RunContext:
     executor: Executor | None = None
     progress: Progress = field(default_factory=Progress)
     resumed: bool = False
+    db_write_attempts: int = 6  # a result write is retried with backoff 1, 2, 4, 8, 16 s (spool.with_retries)
     _stop_heartbeat: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -156,22 +158,31 @@ class RunContext:
 # --------------------------------------------------------------------------- open / resume
 
 
-def _driver_alive(run: Run) -> bool:
-    if run.driver_host != socket.gethostname() or not run.driver_pid:
-        # Another host: trust the heartbeat.
-        if run.heartbeat_at is None:
-            return False
+STALE_HEARTBEAT_S = 120.0  # a driver beats every HEARTBEAT_S; this much silence means it is gone
+
+
+def driver_gone(run: Run) -> str | None:
+    """Why the run's driver is certainly gone (None when it may still be driving the run).
+
+    Same host: its pid is not running (or the pid lives but the run's heartbeat stopped long ago: the pid
+    was reused). Another host: no heartbeat for STALE_HEARTBEAT_S (tolerates that much clock skew)."""
+    age = None
+    if run.heartbeat_at is not None:
         beat = run.heartbeat_at if run.heartbeat_at.tzinfo else run.heartbeat_at.replace(tzinfo=dt.timezone.utc)
-        return (dt.datetime.now(dt.timezone.utc) - beat).total_seconds() < 3 * HEARTBEAT_S
-    if run.driver_pid == os.getpid():
-        return False
-    try:
-        os.kill(run.driver_pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+        age = (dt.datetime.now(dt.timezone.utc) - beat).total_seconds()
+    silent = age is None or age > STALE_HEARTBEAT_S
+    heard = "never" if age is None else f"{age:.0f} s ago"
+    if run.driver_host == socket.gethostname() and run.driver_pid:
+        if run.driver_pid == os.getpid():
+            return None
+        try:
+            os.kill(run.driver_pid, 0)
+        except ProcessLookupError:
+            return f"its driver (pid {run.driver_pid} on {run.driver_host}) is gone; last heartbeat {heard}"
+        except PermissionError:
+            pass
+        return f"pid {run.driver_pid} lives but the run's last heartbeat was {heard}" if silent else None
+    return f"no heartbeat from its driver on {run.driver_host or 'an unknown host'} since {heard}" if silent else None
 
 
 def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resume_run_id: int | None = None,
@@ -186,10 +197,12 @@ def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resu
                 raise BadInput(f"--resume {resume_run_id}: no such run")
             if run.manifest_sha256 != loaded.sha256:
                 raise BadInput(f"--resume {resume_run_id}: {manifest_path} differs from the manifest the run "
-                                     f"started with (sha256 {run.manifest_sha256[:12]}…); resume with the same file")
-            if run.status == "running" and _driver_alive(run):
+                               f"started with (sha256 {run.manifest_sha256[:12]}…); resume with the same file, or "
+                               f"`qualify runs abort {resume_run_id} --reason ...` and start a new run")
+            if run.status == RunStatus.RUNNING and driver_gone(run) is None and run.driver_pid != os.getpid():
                 raise BadInput(f"--resume {resume_run_id}: the run is still being driven by pid "
-                                     f"{run.driver_pid} on {run.driver_host}")
+                               f"{run.driver_pid} on {run.driver_host} (stop it, or `qualify runs abort "
+                               f"{resume_run_id} --reason ...` if it is stuck)")
             # The stored copy is what the run qualifies, even if waivers have expired since.
             loaded = repo.run_manifest(run, path=manifest_path)
             run.status = "running"
@@ -246,7 +259,7 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
                                              builder=build.builder, build_log_path=build.log_path,
                                              build_log_tail=build.log_tail)
             try:
-                repo.attach_candidate(session, run, image)
+                repo.attach_candidate(session, run, image, stale=driver_gone)
                 session.commit()
                 break
             except repo.RunConflict as exc:
@@ -300,11 +313,37 @@ def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- cases
 
 
-def pending_cases(ctx: RunContext) -> list[Case]:
-    """Cases without a final result (all of them for a new run)."""
+def pending_cases(ctx: RunContext, log: Callable[[str], None] = lambda _m: None) -> list[Case]:
+    """Cases without a final result (all of them for a new run), after recording what a previous driver of
+    this run spooled to disk but could not write to the database."""
+    for path, result in spool.pending(ctx.data_dir, ctx.run_id):
+        if _commit_result(ctx, result, log):
+            log(f"{result.case_id}: recorded the result spooled by an earlier driver ({path})")
+        path.unlink(missing_ok=True)
     with ctx.sessions() as session:
         done = repo.final_case_ids(session, ctx.run_id)
     return [c for c in ctx.cases if c.case_id not in done]
+
+
+def _commit_result(ctx: RunContext, result: spool.SpooledResult, log: Callable[[str], None]) -> bool:
+    """Insert one final result (retried while the database is busy); False when one was already there."""
+    case = next(c for c in ctx.cases if c.case_id == result.case_id)
+
+    def write_once() -> bool:
+        with ctx.sessions() as session:
+            try:
+                repo.record_case_result(session, ctx.run_id, case_id=case.case_id, kind=case.kind,
+                                        model=case.model, variant=case.variant, doc=result.doc,
+                                        attempts=result.attempts, queue_wait_s=result.queue_wait_s,
+                                        exec_s=result.exec_s, node=result.node, fingerprint=result.fingerprint)
+                session.commit()
+                return True
+            except repo.DuplicateResult:
+                session.rollback()
+                return False
+
+    return spool.with_retries(write_once, attempts=ctx.db_write_attempts, on_retry=lambda n, exc: log(
+        f"{case.case_id}: database write {n} failed ({type(exc).__name__}); retrying"))
 
 
 CaseRunner = Callable[[Executor, dict[str, Any], Any, float], "RayCaseResult"]
@@ -341,16 +380,18 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
             log(f"{case.case_id}: attempt {attempts} ended with {out.doc.get('error_class')} "
                 f"({out.doc.get('error')}); retrying ({attempts}/{retries})")
     doc = out.doc
-    with ctx.sessions() as session:
-        try:
-            repo.record_case_result(session, ctx.run_id, case_id=case.case_id, kind=case.kind, model=case.model,
-                                    variant=case.variant, doc=doc, attempts=attempts,
-                                    queue_wait_s=out.queue_wait_s, exec_s=out.exec_s, node=out.node,
-                                    fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
-            session.commit()
-        except repo.DuplicateResult:
-            session.rollback()
+    result = spool.SpooledResult(case_id=case.case_id, doc=doc, attempts=attempts, queue_wait_s=out.queue_wait_s,
+                                 exec_s=out.exec_s, node=out.node,
+                                 fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
+    spooled = spool.write(ctx.data_dir, ctx.run_id, result)  # on disk before the database is tried
+    try:
+        if not _commit_result(ctx, result, log):
             log(f"{case.case_id}: a result was already recorded; keeping the first")
+    except OperationalError as exc:
+        raise InfraError(f"{case.case_id}: the database refused the result ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}); it is kept in {spooled}: "
+                         f"`qualify run --resume {ctx.run_id}` records it without running the case again") from exc
+    spooled.unlink(missing_ok=True)
     outcome = CaseOutcome(case_id=case.case_id, status=CaseStatus(doc.get("status")),
                           error_class=ErrorClass(doc["error_class"]) if doc.get("error_class") else None,
                           error=doc.get("error"), attempts=attempts, exec_s=out.exec_s,

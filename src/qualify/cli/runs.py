@@ -111,3 +111,28 @@ def _print_run(d: dict[str, Any]) -> None:
     for p in d["promotions"]:
         out.print(f"promotion {p['target_name']}: {p['outcome']} {p['target_ref']}"
                   + (f" ({p['detail']})" if p.get("detail") else ""), markup=False)
+
+
+@runs_app.command("abort")
+def runs_abort(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,
+               reason: str = typer.Option(..., "--reason", metavar="TEXT", help="why (recorded with the run)"),
+               force: bool = typer.Option(False, "--force", help="abort even though its driver seems alive")) -> None:
+    """Mark a running run aborted (a stuck or killed driver), so its digest can be qualified again."""
+    from qualify.pipeline import driver_gone
+
+    if not reason.strip():
+        raise BadInput("--reason must say why the run is aborted")
+    with open_db(db)() as session:
+        run = repo.get_run(session, run_id)
+        if run is None:
+            raise BadInput(f"no run {run_id}")
+        if run.status != "running":
+            raise BadInput(f"run {run_id} is already {run.status}: only a running run can be aborted")
+        gone = driver_gone(run)
+        if gone is None and not force:
+            raise BadInput(f"run {run_id} still has a live driver (pid {run.driver_pid} on {run.driver_host}); "
+                           "stop it, or add --force")
+        repo.finish_run(session, run, "aborted", f"aborted by hand: {reason.strip()}"
+                        + (f" ({gone})" if gone else " (driver was alive: --force)"))
+        session.commit()
+    out.print(f"run {run_id} aborted: {reason.strip()}", markup=False, highlight=False)

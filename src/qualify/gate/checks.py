@@ -510,7 +510,7 @@ def check_variant_evidence(cases: Sequence[Case], results: Mapping[str, ResultDa
                                 f"(compile_graphs={graphs!r}): the variant ran eager")
             else:
                 facts.append(f"{graphs} compiled graph(s), {breaks if breaks is not None else 'n/a'} graph break(s)")
-        if case.params.get("activation_checkpointing"):
+        if case.params.get("activation_checkpointing") not in (None, False, 0, "none"):  # "all" or a layer count
             layers = env.get("checkpointed_layers")
             if not isinstance(layers, int) or layers <= 0:
                 problems.append(f"activation checkpointing was asked for but no layer was checkpointed "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -36,14 +36,30 @@ class DuplicateResult(Exception):
 # --------------------------------------------------------------------------- releases, images
 
 
+def _insert_or_select(session: Session, row: Any, find: Callable[[], Any]) -> Any:
+    """Insert row, or -- when a concurrent writer inserted the same unique key first -- the row it wrote.
+    Atomic without a table lock: the insert runs in a savepoint that a conflict rolls back alone."""
+    existing = find()
+    if existing is not None:
+        return existing
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+        return row
+    except IntegrityError:
+        found = find()
+        if found is None:
+            raise
+        return found
+
+
 def get_or_create_release(session: Session, name: str, repository: str, tag: str,
                           previous_tag: str | None) -> Release:
-    release = session.scalar(select(Release).where(Release.repository == repository, Release.tag == tag))
-    if release is None:
-        release = Release(name=name, repository=repository, tag=tag, previous_tag=previous_tag)
-        session.add(release)
-        session.flush()
-    elif previous_tag and release.previous_tag != previous_tag:
+    release = _insert_or_select(
+        session, Release(name=name, repository=repository, tag=tag, previous_tag=previous_tag),
+        lambda: session.scalar(select(Release).where(Release.repository == repository, Release.tag == tag)))
+    if previous_tag and release.previous_tag != previous_tag:
         release.previous_tag = previous_tag
     return release
 
@@ -51,14 +67,10 @@ def get_or_create_release(session: Session, name: str, repository: str, tag: str
 def get_or_create_image(session: Session, repository: str, tag: str | None, digest: str, *,
                         builder: str | None = None, build_log_path: str | None = None,
                         build_log_tail: str | None = None) -> Image:
-    image = session.scalar(select(Image).where(Image.repository == repository, Image.tag == tag,
-                                               Image.digest == digest))
-    if image is None:
-        image = Image(repository=repository, tag=tag, digest=digest, builder=builder,
-                      build_log_path=build_log_path, build_log_tail=build_log_tail)
-        session.add(image)
-        session.flush()
-    return image
+    row = Image(repository=repository, tag=tag, digest=digest, builder=builder, build_log_path=build_log_path,
+                build_log_tail=build_log_tail)
+    return _insert_or_select(session, row, lambda: session.scalar(
+        select(Image).where(Image.repository == repository, Image.tag == tag, Image.digest == digest)))
 
 
 # --------------------------------------------------------------------------- runs
@@ -74,10 +86,19 @@ def create_run(session: Session, release: Release, *, manifest_path: str, manife
     return run
 
 
-def attach_candidate(session: Session, run: Run, image: Image) -> None:
-    """Bind the run to its candidate digest; refuses while another run of that digest is running."""
+def attach_candidate(session: Session, run: Run, image: Image,
+                     stale: Callable[[Run], str | None] = lambda _run: None) -> None:
+    """Bind the run to its candidate digest; refuses while another run of that digest is running.
+
+    A running run whose driver is gone (`stale` returns why) is marked aborted first, so a killed driver
+    never blocks its digest forever."""
     active = session.scalar(select(Run).where(Run.candidate_digest == image.digest, Run.status == "running",
                                               Run.id != run.id))
+    why = stale(active) if active is not None else None
+    if active is not None and why:
+        finish_run(session, active, "aborted", f"aborted by run {run.id}: {why}")
+        session.flush()
+        active = None
     if active is not None:
         raise RunConflict(f"run {active.id} of digest {image.digest} is still running "
                           f"(started {active.started_at:%Y-%m-%d %H:%M:%S}); resume or wait for it")
