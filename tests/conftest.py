@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -14,9 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 # benchmarks/ holds measurement code some tests reuse (e.g. the gate's simulation).
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-PG_ADMIN_URL = os.environ.get("QUALIFY_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+from support.db import PG_ADMIN_URL, psycopg_dsn  # noqa: E402
 
-pytest_plugins = ["fixtures_registry"]
+pytest_plugins = ["support.registry"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,7 +32,7 @@ def postgres_available() -> bool:
     try:
         import psycopg
 
-        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", connect_timeout=3):
+        with psycopg.connect(psycopg_dsn(), connect_timeout=3):
             return True
     except Exception:  # noqa: BLE001
         return False
@@ -52,7 +51,7 @@ def _new_pg_database(admin_url: str) -> tuple[str, str]:
     import psycopg
 
     name = f"qualify_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as conn:
+    with psycopg.connect(psycopg_dsn(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return name, admin_url.rsplit("/", 1)[0] + f"/{name}"
 
@@ -60,7 +59,7 @@ def _new_pg_database(admin_url: str) -> tuple[str, str]:
 def _drop_pg_database(name: str) -> None:
     import psycopg
 
-    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as conn:
+    with psycopg.connect(psycopg_dsn(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -94,9 +93,8 @@ def sessions(db_url: str):
     engine.dispose()
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run the real `qualify` entry point in a subprocess."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "qualify", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or REPO, timeout=timeout)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test is `unit` or `integration` by the folder it lives in (`-m unit` is the fast path)."""
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        item.add_marker(pytest.mark.unit if "unit" in parts else pytest.mark.integration)

@@ -1,0 +1,31 @@
+"""Everything under src/qualify/workloads/ runs inside the candidate image: it may import only
+the standard library and what the image ships, never the orchestrator's packages.
+
+The walker goes through the whole workloads tree (every subpackage) and reads each file's
+imports with `ast`: top-level and function-level imports, relative imports (resolved to
+absolute names) and importlib.import_module / __import__ calls with a literal name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOADS = REPO / "src" / "qualify" / "workloads"
+WORKLOADS_PACKAGE = "qualify.workloads"
+IMAGE_PACKAGES = {"torch", "deepspeed", "transformers", "torchao", "vllm", "numpy", "safetensors"}
+# Imported by the orchestrator too (manifest, cases, executors): standard library at import time.
+STDLIB_AT_IMPORT = ("qualify.workloads.protocol", "qualify.workloads.settings", "qualify.workloads.procs",
+                    "qualify.workloads.merge", "qualify.workloads.infer.params",
+                    "qualify.workloads.infer.engines", "qualify.workloads.train.params")
+
+
+def test_orchestrator_side_modules_import_only_the_standard_library() -> None:
+    # manifest.py, cases.py and the executors import these: importing them must not pull
+    # torch or another image package into the orchestrator.
+    code = (f"import sys\nimport {', '.join(STDLIB_AT_IMPORT)}\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(IMAGE_PACKAGES)!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

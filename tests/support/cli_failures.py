@@ -1,0 +1,98 @@
+"""Every CLI command's failure paths and the exit code each must end with (the README's table).
+
+Run in-process with typer's CliRunner: OFFLINE rows by the unit tests, NETWORK rows (a refused connection to
+a loopback port, a database that does not answer) by the integration tests.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qualify.cli import app
+from qualify.errors import ExitCode
+from support.gate import manifest_text, seed_run
+
+BAD, FAIL, INFRA = ExitCode.BAD_INPUT, ExitCode.FAIL, ExitCode.INFRA
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A database with one unjudged run, a bad manifest, and addresses where nothing answers."""
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    monkeypatch.setenv("QUALIFY_DATABASE_URL", db)
+    monkeypatch.setenv("QUALIFY_DATA_DIR", str(tmp_path / "data"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("release: {name: x}\n")
+    (tmp_path / "unmigrated.db").touch()
+    from qualify.store.engine import open_database
+
+    _, sessions = open_database(db)
+    with sessions() as s:
+        unjudged = seed_run(s, manifest_text(), digest="sha256:" + "2" * 64).id
+        s.commit()
+    return {"db": db, "bad": str(bad), "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
+            "down": f"postgresql://postgres@127.0.0.1:{closed_port()}/none", "unjudged": str(unjudged),
+            "port": str(closed_port())}
+
+
+# (argv with {placeholders}, expected exit code, text the one-line message must contain)
+FAILURES = [  # OFFLINE + NETWORK
+    (["validate", "{bad}"], BAD, "bad.yaml"),
+    (["validate", "/no/such/manifest.yaml"], BAD, "manifest.yaml"),
+    (["cases", "{bad}"], BAD, "bad.yaml"),
+    (["run", "{bad}"], BAD, "bad.yaml"),
+    (["db", "upgrade", "--db", "{down}"], INFRA, "cannot migrate"),
+    (["runs", "list", "--db", "{unmigrated}"], INFRA, "qualify db upgrade"),
+    (["runs", "list", "--db", "{down}"], INFRA, "cannot connect"),
+    (["runs", "show", "424242"], BAD, "no run 424242"),
+    (["gate", "evaluate", "424242"], BAD, "no run 424242"),
+    (["gate", "evaluate", "1", "--today", "June"], BAD, "not a date"),
+    (["gate", "show", "424242"], BAD, "no run 424242"),
+    (["gate", "check", "Not/A Ref"], BAD, "not a valid image reference"),
+    (["gate", "check", "127.0.0.1:{port}/x/y:1", "--insecure-registry", "127.0.0.1:{port}"], INFRA, "unreachable"),
+    (["gate", "check", "x/y@sha256:" + "e" * 64], FAIL, "NO DECISION"),
+    (["gate", "check", "x/y@sha256:" + "e" * 64, "--db", "{down}"], INFRA, "cannot connect"),
+    (["runs", "abort", "424242", "--reason", "stuck"], BAD, "no run 424242"),
+    (["runs", "abort", "{unjudged}", "--reason", "stuck"], BAD, "already passed"),
+    (["runs", "abort", "{unjudged}", "--reason", " "], BAD, "must say why"),
+    (["promote", "424242"], BAD, "no run 424242"),
+    (["promote", "{unjudged}", "--force"], BAD, "--reason"),
+    (["promote", "{unjudged}"], FAIL, "refused"),
+]
+
+
+NETWORK = [row for row in FAILURES if any("{down}" in a or "{port}" in a for a in row[0])]
+OFFLINE = [row for row in FAILURES if row not in NETWORK]
+
+
+def row_id(row: tuple[list[str], ExitCode, str]) -> str:
+    return " ".join(row[0][:3])
+
+
+def check_failure(env: dict[str, str], argv: list[str], code: ExitCode, text: str) -> None:
+    result = CliRunner().invoke(app, [a.format(**env) for a in argv])
+    output = result.output
+    assert result.exit_code == code, output
+    assert text in output, output
+    assert "Traceback" not in output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), output
+
+
+def _commands(group, prefix=()):  # type: ignore[no-untyped-def]
+    import typer.main
+
+    click_group = typer.main.get_command(group) if not hasattr(group, "commands") else group
+    for name, command in click_group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield " ".join((*prefix, name))
