@@ -130,7 +130,8 @@ def _train_case(release: Release, model: TrainModel, variant: TrainVariant, time
     ds_config: dict[str, Any] = {}
     resources = Resources()
     for layer in (release.training.defaults, model.settings):
-        settings.update(layer.model_dump(exclude_none=True, exclude={"env", "deepspeed_config", "resources"}))
+        settings.update(layer.model_dump(exclude_none=True, exclude={"env", "deepspeed_config", "resources",
+                                                                     "peak_flops_source"}))
         env.update(layer.env)
         if layer.deepspeed_config:
             ds_config = deep_merge(ds_config, layer.deepspeed_config)

@@ -301,10 +301,19 @@ class TrainSettings(Strict):
     num_threads: int | None = Field(default=None, gt=0)
     data: Literal["synthetic", "memorize"] | None = None
     peak_flops_per_device: float | None = Field(default=None, gt=0)
+    # Where that peak comes from (a datasheet, a vendor note): required with it, shown in the verdict.
+    peak_flops_source: str | None = Field(default=None, min_length=3)
     launcher: Literal["auto", "none", "deepspeed", "torchrun"] | None = None
     deepspeed_config: dict[str, Any] | None = None
     resources: Resources | None = None
     env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _peak_has_a_source(self) -> "TrainSettings":
+        if self.peak_flops_per_device is not None and not self.peak_flops_source:
+            raise ValueError("peak_flops_per_device needs peak_flops_source: where the figure comes from "
+                             "(an MFU is only as good as its peak)")
+        return self
 
     @field_validator("deepspeed_config")
     @classmethod

@@ -585,3 +585,21 @@ def test_checkpointing_none_asks_for_no_evidence():
     no_effect = replace(results, "train/tiny/ckpt",
                         environment={**results["train/tiny/ckpt"].environment, "checkpointed_layers": 0})
     assert only(judge(rel, no_effect), "variant_evidence", "train/tiny/ckpt")[0].status == "FAIL"
+
+
+def test_a_null_mfu_is_said_in_the_verdict(rel, good):
+    case = "train/tiny/base"
+    env = {**good[case].environment, "mfu_null_reason": "no peak FLOP/s for PPU/bf16 (give peak_flops_per_device)"}
+    verdict = judge(rel, replace(good, case, environment=env))
+    [reason] = only(verdict, "mfu", case)
+    assert "MFU not computed" in reason.message and "PPU/bf16" in reason.message
+
+
+def test_a_manifest_peak_needs_its_source():
+    from pydantic import ValidationError
+
+    from qualify.manifest import TrainSettings
+
+    with pytest.raises(ValidationError, match="peak_flops_source"):
+        TrainSettings(peak_flops_per_device=1e15)
+    assert TrainSettings(peak_flops_per_device=1e15, peak_flops_source="vendor datasheet").peak_flops_per_device

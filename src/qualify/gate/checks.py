@@ -526,6 +526,25 @@ def check_variant_evidence(cases: Sequence[Case], results: Mapping[str, ResultDa
     return reasons
 
 
+def check_mfu_reported(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """Say in the verdict where each training MFU's peak came from, and why an MFU is null (an unknown
+    (device, dtype) pair): a null MFU is never a silent gap (a threshold on `mfu` fails on it)."""
+    reasons: list[Reason] = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if case.kind != "train" or result is None or result.status != "passed":
+            continue
+        mfu, env = _num(result.metrics.get("mfu")), result.environment
+        if mfu is None:
+            why = env.get("mfu_null_reason") or "no peak FLOP/s for this device and dtype"
+            reasons.append(Reason("mfu", case.case_id, PASS, f"MFU not computed: {why}", {"mfu": None}))
+        else:
+            source = env.get("peak_source") or env.get("peak_flops_source") or "unknown"
+            reasons.append(Reason("mfu", case.case_id, PASS, f"MFU {mfu:.3f} (peak from {source})",
+                                  {"mfu": mfu, "peak_source": source}))
+    return reasons
+
+
 def check_quantization_evidence(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
     """A quantized scheme counts only when its weights were read back as quantized (the workload fails a case
     whose weights did not shrink as `quantization_not_applied`); a checkpoint that could not be read back

@@ -18,6 +18,7 @@ from qualify.gate.checks import (
     check_agreement,
     check_completeness,
     check_components,
+    check_mfu_reported,
     check_probes,
     check_quantization_evidence,
     check_regression,
@@ -94,6 +95,7 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_variant_gains(policy, cases, current)
     reasons += check_variant_evidence(cases, current)
     reasons += check_quantization_evidence(cases, current)
+    reasons += check_mfu_reported(cases, current)
     reasons += check_retries(cases, current)
     reasons = apply_waivers(reasons, policy.waivers if waivers is None else waivers, today)
     return Judgement(decide(reasons), reasons)
