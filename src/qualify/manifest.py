@@ -115,9 +115,7 @@ def _boolean_for_number(annotation: Any, value: Any) -> str | None:
     return None
 
 
-# The workloads' model tables, read in this one place: re-point these imports when the
-# modules move. train_models is standard library only; infer_models imports torch at module
-# level (about 1.3 s), so it is imported only when a manifest names a bare inference model.
+# The workloads' model tables (standard library modules), read in this one place.
 @functools.lru_cache(maxsize=1)
 def training_presets() -> frozenset[str]:
     from qualify.workloads.train import models as train_models
@@ -126,14 +124,11 @@ def training_presets() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def inference_model_names() -> frozenset[str] | None:
-    """Tiny presets and real-model names, or None when the module cannot be imported here
-    (no torch in this environment): the workload still refuses an unknown name at run time."""
-    try:
-        from qualify.workloads.infer import models as infer_models
-    except ImportError:
-        return None
-    return frozenset(infer_models.TINY_PRESETS) | frozenset(infer_models.REAL_MODELS)
+def inference_model_names() -> frozenset[str]:
+    """Tiny presets and real-model names (the workload's catalog, standard library only)."""
+    from qualify.workloads.infer import catalog
+
+    return frozenset(catalog.TINY_PRESETS) | frozenset(catalog.REAL_MODELS)
 
 
 def is_model_path(name: str) -> bool:

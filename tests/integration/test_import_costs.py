@@ -29,3 +29,13 @@ def test_orchestrator_side_modules_import_only_the_standard_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_validating_a_manifest_imports_no_torch() -> None:
+    """The orchestrator validates model names from the workloads' standard-library catalog: no torch import."""
+    code = ("import sys; from qualify.manifest_load import load_manifest; "
+            f"load_manifest({str(REPO / 'releases' / 'cpu-smoke.yaml')!r}); "
+            "load_manifest(" + repr(str(REPO / "releases" / "training-xpu-pytorch-25.05.yaml")) + "); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr

@@ -28,40 +28,14 @@ import torch
 from qualify.workloads.infer.corpus import (CORPUS_VERSION, STREAM_EVAL, STREAM_PROBES, STREAM_PROMPTS,
                                             STREAM_TRAIN, MarkovLanguage, eval_text_facts, eval_window_starts,
                                             region_starts, seeded_generator, take, text_token_stream)
+from qualify.workloads.infer.catalog import REAL_MODELS, TINY_PRESETS  # noqa: F401 - re-exported
 from qualify.workloads.protocol import BadCase
 from qualify.workloads.settings import WorkloadSettings
 
 PRESET_META = "qualify-preset.json"
 
-# family -> config keyword arguments. Dimensions are multiples of 16 / 32 so that the
-# int4 path is exercised; tiny-llama's vocabulary (260) is deliberately NOT a multiple
-# of 16, so int4 must skip its output layer (MACHINE-NOTES: the CPU int4 kernel needs
-# N % 16 == 0).
-TINY_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "tiny-qwen3": ("qwen3", dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                 max_position_embeddings=512, tie_word_embeddings=False)),
-    "tiny-llama": ("llama", dict(vocab_size=260, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                 rope_theta=500000.0, tie_word_embeddings=False)),
-    # Experts are fused 3-D parameters in transformers 5 (not nn.Linear): torchao's
-    # quantize_ leaves them alone, only attention and the output layer are quantized.
-    "tiny-qwen3-moe": ("qwen3_moe", dict(vocab_size=256, hidden_size=128, intermediate_size=256,
-                                         moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
-                                         decoder_sparse_step=1, max_position_embeddings=512,
-                                         tie_word_embeddings=False)),
-}
+# The model tables live in catalog.py (standard library only: the manifest validates names with them).
 
-# Real models of the release note. Only meaningful with weights: a directory under
-# $QUALIFY_MODELS_DIR/<name> (transformers and vllm), or the hub id (vllm, which may
-# find it in the image's Hugging Face cache).
-REAL_MODELS: dict[str, str] = {
-    "qwen3-8b": "Qwen/Qwen3-8B",
-    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
-    "deepseek-r1": "deepseek-ai/DeepSeek-R1",
-    "llama3-8b": "meta-llama/Meta-Llama-3-8B",
-}
 
 # Training recipe of the tiny presets (part of the cache key through CORPUS_VERSION). 120
 # steps of 16 x 64 tokens bring the loss within ~0.06 nats of the language's entropy.
