@@ -88,7 +88,7 @@ class FakeRunner:
                protocol.make_result(case_doc, "failed" if ec == "low_agreement" else "error", error_class=ec,
                                     error=f"scripted {ec}"))
         return RayCaseResult(doc=doc, exit_code=0, exec_s=0.1, queue_wait_s=0.0, node="fake", node_id="n",
-                             retryable=ec in ("infra", "timeout"))
+                             retryable=ec == "infra")
 
 
 @pytest.fixture
@@ -115,6 +115,17 @@ def test_retries_stop_at_the_limit(ctx: pipeline.RunContext) -> None:
     runner = FakeRunner("infra", "infra", "infra", "infra")
     outcome = _run(ctx, runner, [])
     assert runner.calls == 3 and outcome.error_class == ErrorClass.INFRA and not outcome.passed
+
+
+def test_a_timeout_is_retried_only_when_the_manifest_asks(tmp_path: Path, ctx: pipeline.RunContext) -> None:
+    assert _run(ctx, FakeRunner("timeout", "timeout"), []).attempts == 1
+    manifest = sleep_manifest(tmp_path / "retry.yaml", [{"name": "nap", "kind": "sleep", "count": 1}], retries=2,
+                              extra={"execution": {"executor": "local", "case_timeout_s": 60, "infra_retries": 2,
+                                                   "retry_timeouts": True}})
+    again = pipeline.open_run(ctx.sessions, manifest)
+    again.executor = LocalExecutor()
+    outcome = _run(again, FakeRunner("timeout", "timeout"), [])
+    assert outcome.attempts == 3 and outcome.passed
 
 
 def test_a_failed_test_is_never_retried(ctx: pipeline.RunContext) -> None:
