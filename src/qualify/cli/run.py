@@ -5,6 +5,7 @@ Exit codes: 0 PASS, 1 FAIL (or INCOMPLETE, or a failed candidate), 2 bad input, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -14,7 +15,6 @@ from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
-from contextlib import contextmanager
 
 from qualify.cases import expand
 from qualify.cli.common import DbOption, exit_with, load, settings
@@ -41,7 +41,9 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
     request = RunRequest(manifest=manifest, n_cases=len(expand(release)), ray_address=ray_address,
                          resume_run=resume, wait=wait, promote=promote, verbose=verbose)
     launcher = find_launcher()
-    with _progress_line() as on_progress:
+    # stdout carries only the outcome (JSON for --json): what Prefect, Ray or a library prints while the
+    # run goes on (e.g. Ray's "(raylet) A worker died" notice) goes to stderr.
+    with _progress_line() as on_progress, contextlib.redirect_stdout(sys.stderr):
         outcome = launcher(request, settings(db), on_progress)
     if as_json:
         print(json.dumps(outcome.to_dict(), indent=2, default=str))
@@ -50,7 +52,7 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
     exit_with(ExitCode.OK if outcome.verdict == Verdict.PASS else ExitCode.FAIL)
 
 
-@contextmanager
+@contextlib.contextmanager
 def _progress_line() -> Iterator["ProgressSink"]:
     """A status line on stderr: redrawn on a terminal, one line per change in logs and CI."""
     sink = ProgressSink()
