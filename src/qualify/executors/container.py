@@ -215,8 +215,10 @@ class ContainerExecutor:
                                            error=f"cannot create the cache folder {self.cache_root}: {exc}")
                 return ExecutionOutcome(doc=doc, exit_code=None, exec_s=0.0, command=argv)
         try:
+            # Not tracked: the workload lives in the container (removed by name), and the engine's
+            # own helpers (conmon, its cleanup) must outlive the client to remove it.
             res = run_command(argv, case_json(case_doc), timeout_s, env=self.engine_env(),
-                              on_timeout=lambda: self.remove(name))
+                              on_timeout=lambda: self.remove(name), track=False)
         finally:
             self.remove(name)
         return self._outcome(case_doc, res, argv, timeout_s)
