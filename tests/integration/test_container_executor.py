@@ -57,7 +57,8 @@ def test_least_privilege_by_default() -> None:
 
 def test_options_only_when_asked() -> None:
     ex = ContainerExecutor(image="img", network="host", ipc_host=True, privileged=True, shm_size="8g",
-                           extra_args=("--ulimit", "memlock=-1"), workload_root=None, cache_root=None)
+                           extra_args=("--ulimit", "memlock=-1"), workload_root=None, cache_root=None,
+                           opt_ins=("host-network", "host-ipc", "privileged"))
     argv = ex.run_argv(_case(), "qualify-y")
     assert _flag_value(argv, "--network") == ["host"]
     assert "--ipc=host" in argv and "--privileged" in argv and _flag_value(argv, "--shm-size") == ["8g"]
@@ -82,11 +83,12 @@ def test_nvidia_devices_restricted_to_assigned(mode: str, expected: list[str]) -
 
 
 def test_device_template_for_other_accelerators() -> None:
-    ex = ContainerExecutor(image="img", gpu_mode="none", device_template="/dev/ppu{index}", ipc_host=True)
+    ex = ContainerExecutor(image="img", gpu_mode="none", device_template="/dev/ppu{index}", ipc_host=True,
+                           opt_ins=("host-ipc",))
     argv = ex.run_argv(_case(), "qualify-p", gpu_ids=["1", "5"])
     assert _flag_value(argv, "--device") == ["/dev/ppu1", "/dev/ppu5"]
     assert "CUDA_VISIBLE_DEVICES=0,1" in _flag_value(argv, "--env")
-    ex_all = ContainerExecutor(image="img", gpu_mode="none", privileged=True)
+    ex_all = ContainerExecutor(image="img", gpu_mode="none", privileged=True, opt_ins=("privileged",))
     argv = ex_all.run_argv(_case(), "qualify-q", gpu_ids=["1", "5"])
     assert "--device" not in argv and "CUDA_VISIBLE_DEVICES=1,5" in _flag_value(argv, "--env")
 

@@ -9,7 +9,9 @@ the case document on stdin and the result document on stdout, as the local execu
 - A host cache folder is mounted for the DeepSpeed op build (``TORCH_EXTENSIONS_DIR``), the
   inductor cache and ``QUALIFY_CACHE_DIR``, so that the op build happens once per machine.
 - Least privilege: ``--network none`` unless the manifest asks for another network; ``--ipc
-  host``, ``--privileged`` and extra arguments only when it asks.
+  host``, ``--privileged``, host mounts and the other widenings only with the manifest's
+  reasoned opt-in, ``extra_args`` from an allow-list (qualify.container_policy). The manifest's
+  validation says so first; ``run_argv`` refuses again (a bad_case document, never a run).
 - Accelerators: only the devices Ray assigned to the case (CDI ``--device nvidia.com/gpu=<id>``,
   ``--gpus "device=<ids>"`` or a device template such as ``/dev/ppu{index}``), with
   ``CUDA_VISIBLE_DEVICES`` set inside.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from qualify import container_policy
 from qualify.settings import Settings
 from qualify.executors.base import (TAIL_CHARS, CommandResult, ExecutionOutcome, case_json,
                                     outcome_from_command, run_command)
@@ -67,13 +70,15 @@ class ContainerExecutor:
     containers_conf: str | None = None
     extra_env: tuple[tuple[str, str], ...] = ()
     rm_timeout_s: float = 60.0
+    # The manifest's opt-ins (execution.container.opt_ins[].what): the widenings allowed above.
+    opt_ins: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_manifest(cls, release: Any, image_ref: str, **overrides: Any) -> "ContainerExecutor":
         """The executor for a release's candidate, from execution.container."""
-        from qualify.build.containers import container_store, is_insecure
+        from qualify.build.containers import allowed_insecure, container_store, is_insecure
 
         opts = release.execution.container
         values: dict[str, Any] = dict(
@@ -87,7 +92,8 @@ class ContainerExecutor:
             extra_args=tuple(opts.extra_args),
             shm_size=opts.shm_size,
             cache_root=str(Settings.load().cache_dir / "container-cache"),
-            tls_verify=not is_insecure(image_ref, release.promotion.insecure_registries),
+            tls_verify=not is_insecure(image_ref, allowed_insecure(release)),
+            opt_ins=tuple(o.what for o in opts.opt_ins),
         )
         if _tool_name(opts.runtime) == "podman":
             store = container_store()
@@ -101,7 +107,16 @@ class ContainerExecutor:
             extras.append("ipc host")
         if self.privileged:
             extras.append("privileged")
+        if self.opt_ins:
+            extras.append("opt-ins: " + ", ".join(self.opt_ins))
         return f"{_tool_name(self.runtime)} run {self.image} ({', '.join(extras)})"
+
+    def policy_problems(self) -> list[str]:
+        """What these options widen without an opt-in, or what qualify never allows (the manifest's
+        rule, qualify.container_policy, checked again right before a run)."""
+        return container_policy.container_problems(
+            privileged=self.privileged, network=self.network, ipc_host=self.ipc_host,
+            extra_args=self.extra_args, device_template=self.device_template, opt_ins=self.opt_ins)
 
     # ------------------------------------------------------------------ command lines
 
@@ -149,7 +164,7 @@ class ContainerExecutor:
             return args
         if self.device_template:
             for gpu in gpu_ids:
-                args += ["--device", self.device_template.format(index=gpu, id=gpu)]
+                args += ["--device", container_policy.device_for(self.device_template, gpu)]
         if self.gpu_mode == "cdi":
             for gpu in gpu_ids:
                 args += ["--device", f"nvidia.com/gpu={gpu}"]
@@ -162,6 +177,9 @@ class ContainerExecutor:
         kind = case_doc["kind"]
         if not re.fullmatch(r"[a-z][a-z0-9_]*", str(kind)):
             raise ValueError(f"case kind {kind!r} is not a workload module name")
+        problems = self.policy_problems()
+        if problems:
+            raise ValueError("execution.container refused: " + "; ".join(problems))
         argv = [*self.engine_argv(), "run", "--rm", "-i", "--name", name, "--network", self.network]
         if self._podman:
             argv += ["--pull", "missing"]
