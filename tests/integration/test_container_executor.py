@@ -49,7 +49,9 @@ def test_least_privilege_by_default() -> None:
     assert any(v.endswith(":/opt/qualify/qualify/__init__.py:ro") for v in volumes)
     assert "/tmp/cache:/var/cache/qualify" in volumes and len(volumes) == 3
     env = _flag_value(argv, "--env")
-    assert "PYTHONPATH=/opt/qualify" in env and "NCCL_ALGO=Ring" in env
+    # The case's variables are named on the command line; their values travel in the engine's environment.
+    assert "PYTHONPATH=/opt/qualify" in env and "NCCL_ALGO" in env and "Ring" not in " ".join(argv)
+    assert ex.run_plan(_case(env={"NCCL_ALGO": "Ring"}), "qualify-x")[1] == {"NCCL_ALGO": "Ring"}
     assert "TORCH_EXTENSIONS_DIR=/var/cache/qualify/torch_extensions" in env
     assert not any(e.startswith("CUDA_VISIBLE_DEVICES=") for e in env)
     assert argv[-4:] == [ex.image, "python3", "-m", "qualify.workloads.sleep"]
@@ -243,3 +245,22 @@ def test_cache_is_mounted_and_writable(executor: ContainerExecutor) -> None:
     assert facts["commands"]["touch"]["output"].strip() == "ok"
     assert facts["env"]["QUALIFY_CACHE_DIR"] == "/var/cache/qualify"
     assert (Path(executor.cache_root) / "torch_extensions.probe").exists()
+
+
+@pytest.mark.container
+def test_case_env_reaches_the_container_without_the_command_line(executor: ContainerExecutor,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Values travel through the engine's environment (--env NAME) or, for a variable the engine reads
+    # itself (TZ), a private --env-file; the driver's own secrets reach neither the engine nor the container.
+    monkeypatch.setenv("QUALIFY_REGISTRY_PASSWORD", "hunter2-s3cret-pw")
+    case = protocol.make_case("probe/env", "probe", {
+        "env": ["QUALIFY_TEST_VALUE", "TZ", "QUALIFY_REGISTRY_PASSWORD", "NCCL_ALGO"], "torch": False},
+        env={"QUALIFY_TEST_VALUE": "value with spaces = and $signs", "TZ": "Asia/Shanghai", "NCCL_ALGO": "Ring"})
+    outcome = executor.run(case, timeout_s=120)
+    assert outcome.doc["status"] == "passed", outcome.doc
+    env = outcome.doc["environment"]["facts"]["env"]
+    assert env == {"QUALIFY_TEST_VALUE": "value with spaces = and $signs", "TZ": "Asia/Shanghai",
+                   "QUALIFY_REGISTRY_PASSWORD": None, "NCCL_ALGO": "Ring"}
+    command = " ".join(outcome.command)
+    assert "value with spaces" not in command and "Asia/Shanghai" not in command and "Ring" not in command
+    assert "--env-file" in command and leftover_containers(executor) == []

@@ -1,8 +1,9 @@
 """Local executor: a Python interpreter stands for the image (the embedded default).
 
-The workload gets a scratch folder of its own as TMPDIR (removed afterwards, whatever
-happened), and is tracked with everything it starts: a timeout or a normal exit leaves no
-process of it behind (qualify.executors.base.run_command).
+The workload gets the driver's environment without qualify's secrets
+(qualify.executors.environment), a scratch folder of its own as TMPDIR (removed afterwards,
+whatever happened), and is tracked with everything it starts: a timeout or a normal exit
+leaves no process of it behind (qualify.executors.base.run_command).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 
 from qualify.settings import Settings
 from qualify.executors.base import ExecutionOutcome, case_json, outcome_from_command, run_command
+from qualify.executors.environment import workload_environment
 
 # The directory that holds the `qualify` package: the workloads are imported from here, so
 # the interpreter needs nothing of qualify installed (only what the "image" ships).
@@ -34,7 +36,7 @@ class LocalExecutor:
         return f"local interpreter {self.python}"
 
     def environment(self, gpu_ids: Sequence[str], scratch: str | None = None) -> dict[str, str]:
-        env = dict(os.environ)
+        env = workload_environment()
         env["PYTHONPATH"] = self.workload_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cache = Settings.load().cache_dir
         env.setdefault("QUALIFY_CACHE_DIR", str(cache))
