@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from qualify import container_policy
 from qualify import metrics as metric_info
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.versions import MatchRule, is_parseable
@@ -174,8 +175,46 @@ def _check_reference(value: str):
 # --------------------------------------------------------------------------- build
 
 
+def _reason(value: str) -> str:
+    problem = container_policy.reason_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value.strip()
+
+
+def _literal_path(value: str | None) -> str | None:
+    """Build paths are taken literally: no $VARIABLE or ~ expansion (a secret in a variable would
+    land in errors, logs and the database)."""
+    if value is not None and ("$" in value or value.startswith("~")):
+        raise ValueError(f"{value!r}: paths are taken literally (no $VARIABLE or ~ expansion); "
+                         "write the path itself")
+    return value
+
+
+class HostPath(Strict):
+    """A host path outside the manifest's repository that the build may read, and why."""
+
+    path: str = Field(description="absolute path of a directory or file, e.g. /opt/wheels")
+    reason: str
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        _literal_path(value)
+        if not value.startswith("/") or ".." in value.split("/") or value.rstrip("/") in ("", "/"):
+            raise ValueError(f"{value!r} must be an absolute path other than '/', without '..'")
+        return value
+
+    @field_validator("reason")
+    @classmethod
+    def _why(cls, value: str) -> str:
+        return _reason(value)
+
+
 class BuildSpec(Strict):
     builder: Literal["local", "prebuilt", "buildah", "podman", "docker"] = "local"
+    # Paths are relative to the manifest's folder and must stay inside the manifest's repository
+    # (the git work tree holding it, else its folder), symlinks resolved; see host_paths.
     containerfile: str | None = None
     context: str | None = None
     base_image: str | None = None
@@ -184,9 +223,33 @@ class BuildSpec(Strict):
     reference: str | None = None
     # local: the Python interpreter that stands for the image (default: the running one).
     python: str | None = None
-    # Extra CA bundle mounted into build steps (corporate TLS proxies); never baked in.
+    # Extra CA bundle mounted into build steps (corporate TLS proxies); never baked in. A host
+    # file by design (absolute paths allowed), but it must be a PEM bundle of certificates.
     ca_bundle: str | None = None
     timeout_s: int = Field(default=3600, gt=0)
+    # RUN steps get no network unless the manifest asks for the host's (a package index or
+    # mirror): host networking also reaches every loopback service of the build machine
+    # (PostgreSQL, the Prefect API, Ray). The build result and its log record the mode.
+    network: Literal["isolated", "host"] = "isolated"
+    # Host paths outside the manifest's repository that containerfile/context/context:NAME may
+    # name, each with a reason (shown with the build result).
+    host_paths: list[HostPath] = Field(default_factory=list)
+
+    @field_validator("containerfile", "context", "ca_bundle")
+    @classmethod
+    def _no_expansion(cls, value: str | None) -> str | None:
+        return _literal_path(value)
+
+    @field_validator("build_args")
+    @classmethod
+    def _context_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            if name.startswith("context:"):
+                try:
+                    _literal_path(path)
+                except ValueError as exc:
+                    raise ValueError(f"{name!r}: {exc}") from None
+        return value
 
     @model_validator(mode="after")
     def _needs(self) -> "BuildSpec":
@@ -198,8 +261,31 @@ class BuildSpec(Strict):
             _check_reference(self.reference)
         return self
 
+    def opt_in_notes(self) -> list[str]:
+        """What this build section widens, one line each, for the report."""
+        notes = []
+        if self.network == "host":
+            notes.append("build.network: host (RUN steps share the build machine's network, loopback "
+                         "services included)")
+        notes += [f"build.host_paths: {h.path} ({h.reason})" for h in self.host_paths]
+        return notes
+
+
+class ContainerOptIn(Strict):
+    """An explicit, reasoned widening of the container's privileges (qualify.container_policy)."""
+
+    what: Literal[container_policy.OPT_INS]  # type: ignore[valid-type]
+    reason: str
+
+    @field_validator("reason")
+    @classmethod
+    def _why(cls, value: str) -> str:
+        return _reason(value)
+
 
 class ContainerOptions(Strict):
+    # Declared first: the fields below check their widening against it (qualify.container_policy).
+    opt_ins: list[ContainerOptIn] = Field(default_factory=list)
     runtime: Literal["podman", "docker"] = "podman"
     network: Literal["none", "host", "default"] = "none"
     ipc_host: bool = False
@@ -207,8 +293,67 @@ class ContainerOptions(Strict):
     # Accelerator device nodes for non-NVIDIA devices (e.g. the PPU), restricted per case.
     device_template: str | None = Field(default=None, description="e.g. /dev/ppu{index}")
     gpu_mode: Literal["cdi", "gpus-flag", "none"] = "cdi"
+    # An allow-list: resource limits and options that narrow privileges (qualify.container_policy).
     extra_args: list[str] = Field(default_factory=list)
     shm_size: str | None = None
+
+    @field_validator("opt_ins")
+    @classmethod
+    def _unique_opt_ins(cls, value: list[ContainerOptIn]) -> list[ContainerOptIn]:
+        _no_duplicates([o.what for o in value], "opt_ins")
+        return value
+
+    @field_validator("network", "ipc_host", "privileged")
+    @classmethod
+    def _widening(cls, value: Any, info: ValidationInfo) -> Any:
+        need = container_policy.required_opt_ins(
+            privileged=info.field_name == "privileged" and bool(value),
+            network=value if info.field_name == "network" else "none",
+            ipc_host=info.field_name == "ipc_host" and bool(value), extra_args=())
+        granted = {o.what for o in info.data.get("opt_ins") or []}
+        for what in need:
+            if what not in granted:
+                raise ValueError(f"{value!r} widens the container's privileges: it needs the opt-in "
+                                 f"execution.container.opt_ins: [{{what: {what}, reason: ...}}] (the report shows it)")
+        return value
+
+    @field_validator("device_template")
+    @classmethod
+    def _device_template(cls, value: str | None) -> str | None:
+        problem = container_policy.device_template_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        granted = {o.what for o in info.data.get("opt_ins") or []}
+        problems = container_policy.extra_args_problems(value, "host-mounts" in granted)
+        if problems:
+            raise ValueError("; ".join(p.removeprefix("extra_args") for p in problems))
+        return value
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm_size(cls, value: str | None) -> str | None:
+        if value is not None and container_policy.extra_args_problems(["--shm-size", value], False):
+            raise ValueError(f"{value!r} is not a size (e.g. 8g)")
+        return value
+
+    @model_validator(mode="after")
+    def _unused_opt_ins(self) -> "ContainerOptions":
+        need = container_policy.required_opt_ins(privileged=self.privileged, network=self.network,
+                                                 ipc_host=self.ipc_host, extra_args=self.extra_args)
+        for i, opt in enumerate(self.opt_ins):
+            if opt.what not in need:
+                raise ValueError(f"opt_ins[{i}]: {opt.what!r} is not used by these options: remove it "
+                                 "(an opt-in the report shows must be one that takes effect)")
+        return self
+
+    def opt_in_notes(self) -> list[str]:
+        """The widenings these options were granted, one line each, for the report."""
+        return [f"execution.container: {o.what} ({o.reason})" for o in self.opt_ins]
 
 
 class ExecutionSpec(Strict):
@@ -522,16 +667,56 @@ class PromotionTarget(Strict):
         return value
 
 
+class InsecureRegistryOptIn(Strict):
+    """Plain HTTP to a registry that is not on loopback, and why."""
+
+    registry: str = Field(description="host[:port] as listed in insecure_registries")
+    reason: str
+
+    @field_validator("reason")
+    @classmethod
+    def _why(cls, value: str) -> str:
+        return _reason(value)
+
+
 class PromotionSpec(Strict):
     on_pass: bool = Field(default=False, description="promote automatically at the end of a PASS run")
     targets: list[PromotionTarget] = Field(default_factory=list)
+    # Declared before insecure_registries, which checks against it.
+    opt_ins: list[InsecureRegistryOptIn] = Field(default_factory=list)
+    # Plain HTTP (no TLS): loopback registries freely; any other only with an opt-in above.
     insecure_registries: list[str] = Field(default_factory=list,
                                            description="registries reached over plain HTTP (loopback tests)")
+
+    @field_validator("insecure_registries")
+    @classmethod
+    def _insecure_needs_opt_in(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if not value:
+            return value
+        from qualify.registry.transport import is_loopback  # httpx and rich only when needed
+
+        granted = {o.registry.strip().rstrip("/") for o in info.data.get("opt_ins") or []}
+        for i, registry in enumerate(value):
+            name = registry.strip().rstrip("/")
+            if not name or "/" in name or any(c.isspace() for c in name):
+                raise ValueError(f"[{i}]: {registry!r} is not a host[:port]")
+            if not is_loopback(name) and name not in granted:
+                raise ValueError(f"[{i}]: {registry!r} is not on loopback: plain HTTP (TLS off, credentials "
+                                 f"in the clear) needs the opt-in promotion.opt_ins: "
+                                 f"[{{registry: {name}, reason: ...}}] (the report shows it)")
+        return value
 
     @model_validator(mode="after")
     def _unique(self) -> "PromotionSpec":
         _no_duplicates([t.name for t in self.targets], "targets")
+        listed = {r.strip().rstrip("/") for r in self.insecure_registries}
+        for i, opt in enumerate(self.opt_ins):
+            if opt.registry.strip().rstrip("/") not in listed:
+                raise ValueError(f"opt_ins[{i}]: {opt.registry!r} is not in insecure_registries: remove it")
         return self
+
+    def opt_in_notes(self) -> list[str]:
+        return [f"promotion: plain HTTP to {o.registry} ({o.reason})" for o in self.opt_ins]
 
 
 class ExpandedTarget(BaseModel):

@@ -1,4 +1,12 @@
-"""Component verification: compare what the probe found in the image with the manifest."""
+"""Component verification: compare what the probe found in the image with the manifest.
+
+The probe's facts are redacted before anything is compared or stored: the value of an
+environment variable whose name looks secret, or whose value looks like a credential, is
+"<redacted>", and credential-shaped text in command outputs too (qualify.workloads.secrets).
+The probe redacts the same inside the image; this is the driver's own check, whatever image
+answered. A check's actual, detail and reason therefore never carry a secret into the database,
+the gate reasons, the Prefect summary or the HTML report.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,24 @@ from typing import Any
 from qualify.manifest import Component
 from qualify.versions import matches
 from qualify.workloads import protocol
+from qualify.workloads.secrets import REDACTED, redact_env, scrub_text
+
+
+def redact_facts(facts: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the probe's facts with secret-looking env values and command output redacted."""
+    out = dict(facts or {})
+    if isinstance(out.get("env"), dict):
+        out["env"] = redact_env(out["env"])
+    if isinstance(out.get("commands"), dict):
+        commands = {}
+        for name, result in out["commands"].items():
+            result = dict(result) if isinstance(result, dict) else {}
+            for key in ("output", "error"):
+                if isinstance(result.get(key), str):
+                    result[key] = scrub_text(result[key])
+            commands[name] = result
+        out["commands"] = commands
+    return out
 
 
 def probe_case(components: list[Component]) -> dict[str, Any]:
@@ -54,8 +80,16 @@ def actual_version(component: Component, facts: dict[str, Any]) -> tuple[str | N
 def compare_components(components: list[Component], facts: dict[str, Any]) -> list[dict[str, Any]]:
     """One check per component: expected vs actual, ok, and a reason. Missing is a failure, not an exception."""
     checks: list[dict[str, Any]] = []
+    facts = redact_facts(facts)
     for component in components:
         actual, where = actual_version(component, facts)
+        if actual == REDACTED:
+            ok, reason = False, (f"the value of ${component.env} looks like a secret: qualify never reports "
+                                 "it (name the variable that holds the version, not a credential)")
+            checks.append({"name": component.name, "rule": component.match, "expected": component.expected,
+                           "actual": actual, "ok": ok, "optional": component.optional,
+                           "detail": f"{reason} ({where})"})
+            continue
         ok, reason = matches(component.match, component.expected, actual)
         if actual is None and component.optional:
             ok, reason = True, "optional, not present"

@@ -29,6 +29,8 @@ from qualify.build.containers import (
 )
 from qualify.manifest import Release
 
+# The shape of a PEM certificate: build.ca_bundle must hold certificates (and no private key).
+FAKE_CERT = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"
 
 def _release(tmp: Path, *, builder: str = "buildah", repository: str = "127.0.0.1:5000/qualify/t",
              build: dict[str, Any] | None = None, components: list[dict] | None = None,
@@ -77,7 +79,7 @@ def test_plan_build_args_pins_contexts_and_bundle(tmp_path: Path) -> None:
     (tmp_path / "img").mkdir()
     (tmp_path / "img" / "Containerfile").write_text("FROM scratch\n")
     (tmp_path / "wheels").mkdir()
-    (tmp_path / "ca.pem").write_text("x")
+    (tmp_path / "ca.pem").write_text(FAKE_CERT)
     release = _release(tmp_path, build={
         "containerfile": "img/Containerfile", "base_image": "localhost/base",
         "build_args": {"context:wheels": "wheels", "EXTRA": "1", "TORCH_VERSION": "2.13.0+cpu"},
@@ -190,7 +192,7 @@ def test_build_push_and_digest(tmp_path: Path, base_image: str, container_regist
     require_tools(builder, "skopeo", "runc")
     marker = "QUALIFY-TEST-CA-" + unique("x")
     bundle = tmp_path / "extra-ca.pem"
-    bundle.write_text(f"# {marker}\n")
+    bundle.write_text(f"# {marker}\n{FAKE_CERT}")
     (tmp_path / "extra").mkdir()
     (tmp_path / "extra" / "payload.txt").write_text("from a named build context\n")
     _write(tmp_path / "img",
@@ -247,6 +249,60 @@ def _build_push_and_check(tmp_path: Path, release: Release, repo: str, builder: 
     resolved = build_candidate(pre, data_dir=tmp_path / "data", manifest_dir=tmp_path)
     assert resolved.builder == "prebuilt" and resolved.digest == again.digest
     assert resolved.image_ref == f"{repo}@{again.digest}"
+
+
+class _Listener:
+    """A loopback TCP service (stands for PostgreSQL, the Prefect API, Ray) that counts its connections."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.container
+def test_run_steps_reach_no_loopback_service_unless_the_manifest_asks(tmp_path: Path, base_image: str,
+                                                                     container_registry) -> None:  # noqa: F811
+    require_tools("buildah", "skopeo", "runc")
+    listener = _Listener()
+    try:
+        for mode in ("isolated", "host"):
+            # The RUN text differs per mode: --layers would otherwise reuse the first build's layer.
+            _write(tmp_path / mode, f"FROM {base_image}\nRUN python3 -c \"import socket; s = socket.socket(); "
+                   f"s.settimeout(5); print('{mode}-connect', s.connect_ex(('127.0.0.1', {listener.port})))\"\n")
+            repo = f"{container_registry.host}/{unique('qualify/net-' + mode)}"
+            release = _release(tmp_path, repository=repo, build={
+                "containerfile": f"{mode}/Containerfile", "network": mode})
+            before = listener.connections
+            result = build_candidate(release, data_dir=tmp_path / "data", manifest_dir=tmp_path)
+            log = Path(result.log_path).read_text()
+            assert result.network == mode and f"# build network: {mode}" in log
+            if mode == "isolated":
+                assert listener.connections == before, "a RUN step reached a loopback service"
+                assert "--network none" in log and "isolated-connect 0" not in log
+            else:
+                assert listener.connections == before + 1 and "host-connect 0" in log
+                assert any("build.network: host" in note for note in result.opt_ins)
+    finally:
+        listener.close()
 
 
 @pytest.mark.container

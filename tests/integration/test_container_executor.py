@@ -49,7 +49,9 @@ def test_least_privilege_by_default() -> None:
     assert any(v.endswith(":/opt/qualify/qualify/__init__.py:ro") for v in volumes)
     assert "/tmp/cache:/var/cache/qualify" in volumes and len(volumes) == 3
     env = _flag_value(argv, "--env")
-    assert "PYTHONPATH=/opt/qualify" in env and "NCCL_ALGO=Ring" in env
+    # The case's variables are named on the command line; their values travel in the engine's environment.
+    assert "PYTHONPATH=/opt/qualify" in env and "NCCL_ALGO" in env and "Ring" not in " ".join(argv)
+    assert ex.run_plan(_case(env={"NCCL_ALGO": "Ring"}), "qualify-x")[1] == {"NCCL_ALGO": "Ring"}
     assert "TORCH_EXTENSIONS_DIR=/var/cache/qualify/torch_extensions" in env
     assert not any(e.startswith("CUDA_VISIBLE_DEVICES=") for e in env)
     assert argv[-4:] == [ex.image, "python3", "-m", "qualify.workloads.sleep"]
@@ -57,7 +59,8 @@ def test_least_privilege_by_default() -> None:
 
 def test_options_only_when_asked() -> None:
     ex = ContainerExecutor(image="img", network="host", ipc_host=True, privileged=True, shm_size="8g",
-                           extra_args=("--ulimit", "memlock=-1"), workload_root=None, cache_root=None)
+                           extra_args=("--ulimit", "memlock=-1"), workload_root=None, cache_root=None,
+                           opt_ins=("host-network", "host-ipc", "privileged"))
     argv = ex.run_argv(_case(), "qualify-y")
     assert _flag_value(argv, "--network") == ["host"]
     assert "--ipc=host" in argv and "--privileged" in argv and _flag_value(argv, "--shm-size") == ["8g"]
@@ -82,11 +85,12 @@ def test_nvidia_devices_restricted_to_assigned(mode: str, expected: list[str]) -
 
 
 def test_device_template_for_other_accelerators() -> None:
-    ex = ContainerExecutor(image="img", gpu_mode="none", device_template="/dev/ppu{index}", ipc_host=True)
+    ex = ContainerExecutor(image="img", gpu_mode="none", device_template="/dev/ppu{index}", ipc_host=True,
+                           opt_ins=("host-ipc",))
     argv = ex.run_argv(_case(), "qualify-p", gpu_ids=["1", "5"])
     assert _flag_value(argv, "--device") == ["/dev/ppu1", "/dev/ppu5"]
     assert "CUDA_VISIBLE_DEVICES=0,1" in _flag_value(argv, "--env")
-    ex_all = ContainerExecutor(image="img", gpu_mode="none", privileged=True)
+    ex_all = ContainerExecutor(image="img", gpu_mode="none", privileged=True, opt_ins=("privileged",))
     argv = ex_all.run_argv(_case(), "qualify-q", gpu_ids=["1", "5"])
     assert "--device" not in argv and "CUDA_VISIBLE_DEVICES=1,5" in _flag_value(argv, "--env")
 
@@ -242,3 +246,22 @@ def test_cache_is_mounted_and_writable(executor: ContainerExecutor) -> None:
     assert facts["commands"]["touch"]["output"].strip() == "ok"
     assert facts["env"]["QUALIFY_CACHE_DIR"] == "/var/cache/qualify"
     assert (Path(executor.cache_root) / "torch_extensions.probe").exists()
+
+
+@pytest.mark.container
+def test_case_env_reaches_the_container_without_the_command_line(executor: ContainerExecutor,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Values travel through the engine's environment (--env NAME) or, for a variable the engine reads
+    # itself (TZ), a private --env-file; the driver's own secrets reach neither the engine nor the container.
+    monkeypatch.setenv("QUALIFY_REGISTRY_PASSWORD", "hunter2-s3cret-pw")
+    case = protocol.make_case("probe/env", "probe", {
+        "env": ["QUALIFY_TEST_VALUE", "TZ", "QUALIFY_REGISTRY_PASSWORD", "NCCL_ALGO"], "torch": False},
+        env={"QUALIFY_TEST_VALUE": "value with spaces = and $signs", "TZ": "Asia/Shanghai", "NCCL_ALGO": "Ring"})
+    outcome = executor.run(case, timeout_s=120)
+    assert outcome.doc["status"] == "passed", outcome.doc
+    env = outcome.doc["environment"]["facts"]["env"]
+    assert env == {"QUALIFY_TEST_VALUE": "value with spaces = and $signs", "TZ": "Asia/Shanghai",
+                   "QUALIFY_REGISTRY_PASSWORD": None, "NCCL_ALGO": "Ring"}
+    command = " ".join(outcome.command)
+    assert "value with spaces" not in command and "Asia/Shanghai" not in command and "Ring" not in command
+    assert "--env-file" in command and leftover_containers(executor) == []

@@ -64,6 +64,9 @@ def _manifest_copy(registry: Registry, folder: Path, promoted_repo: str) -> Path
     text = text.replace("qualify/cpu-image-released:0.1", f"{promoted_repo}:0.1")
     text = text.replace(DEFAULT_REGISTRY, registry.host)
     text = text.replace("../images/cpu", str(REPO / "images" / "cpu"))
+    # The copy lives outside the repository: its build paths are host paths, named with a reason.
+    text = text.replace("  host_paths:\n", f"  host_paths:\n    - path: {REPO / 'images' / 'cpu'}\n"
+                        "      reason: the system test's copy of the manifest lives outside the repository\n")
     path = folder / "cpu-image.yaml"
     path.write_text(text)
     return path

@@ -17,6 +17,10 @@ class BuildResult:
     python: str | None = None  # local builder: the interpreter that stands for the image
     log_path: str | None = None
     log_tail: str | None = None
+    # Container builds: the network RUN steps had ("isolated" or "host"), and what the manifest
+    # widened for this build (build.network: host, build.host_paths), one line each, for the report.
+    network: str | None = None
+    opt_ins: tuple[str, ...] = ()
 
 
 class BuildError(Rejected):

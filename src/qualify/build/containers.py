@@ -2,12 +2,18 @@
 
 Each builder is ``(release, data_dir, manifest_dir) -> BuildResult``. A build:
 
-1. resolves the manifest's Containerfile and context (relative to the manifest's folder);
+1. resolves the manifest's Containerfile and context (relative to the manifest's folder, taken
+   literally: no variable or ``~`` expansion) and confines them to the manifest's repository (the
+   git work tree holding the manifest, else its folder; symlinks resolved), except for the host
+   paths the manifest names with a reason (``build.host_paths``); ``build.ca_bundle`` is a host
+   file by design, but must be a PEM bundle of certificates;
 2. runs ``buildah build`` / ``podman build`` with ``--layers`` caching in qualify's container
    store (``<QUALIFY_CACHE_DIR>/containers/{root,runroot}``, shared with the container
    executor so that builds and runs see the same images), with the build arguments
    (``build.build_args``; exact/public component pins as ``<NAME>_VERSION``) and the extra
-   CA bundle (``build.ca_bundle``) mounted into RUN steps only, never baked in;
+   CA bundle (``build.ca_bundle``) mounted into RUN steps only, never baked in; RUN steps get
+   no network (``--network none``) unless the manifest says ``build.network: host`` (a package
+   index), which the build log and the BuildResult record;
 3. tags the candidate ``{release.repository}:{candidate_tag}`` and pushes it there (plain
    HTTP only for loopback registries and ``promotion.insecure_registries``);
 4. records the digest the registry reports (``--digestfile``), checked with ``skopeo inspect``.
@@ -246,6 +252,10 @@ def _quote(argv: Sequence[str]) -> str:
 # --------------------------------------------------------------------------- build settings
 
 
+NETWORK_FLAG = {"isolated": "none", "host": "host"}  # build.network -> the engine's --network
+CA_BUNDLE_MAX_BYTES = 16 * 2**20
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     containerfile: Path
@@ -254,11 +264,74 @@ class BuildPlan:
     contexts: dict[str, str]
     ca_bundle: Path | None
     target: str  # repository:candidate_tag
+    network: str = "isolated"  # build.network
+    opt_ins: tuple[str, ...] = ()
+
+    @property
+    def network_flag(self) -> str:
+        return NETWORK_FLAG[self.network]
+
+
+def manifest_repository(manifest_dir: Path) -> Path:
+    """The manifest's repository: the git work tree holding its folder, else the folder itself."""
+    folder = Path(manifest_dir).resolve()
+    for candidate in (folder, *folder.parents):
+        if (candidate / ".git").exists():  # a folder, or a file in a linked work tree
+            return candidate
+    return folder
 
 
 def _resolve(manifest_dir: Path, value: str) -> Path:
-    path = Path(os.path.expandvars(value)).expanduser()
+    """A manifest path, taken literally (no $VARIABLE or ~ expansion), symlinks resolved."""
+    path = Path(value)
     return (path if path.is_absolute() else (Path(manifest_dir) / path)).resolve()
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+class _Confinement:
+    """Build paths must stay in the manifest's repository or a host path the manifest names."""
+
+    def __init__(self, release: Release, manifest_dir: Path, log: "BuildLog") -> None:
+        self.manifest_dir = Path(manifest_dir)
+        self.root = manifest_repository(manifest_dir)
+        self.log = log
+        self.allowed: list[Path] = []
+        for i, host in enumerate(release.build.host_paths):
+            resolved = Path(host.path).resolve()
+            if resolved == Path(resolved.anchor):
+                raise log.fail(f"build.host_paths[{i}] {host.path!r} resolves to {resolved}: the whole file "
+                               "system is never a build path", error=BuildInputError)
+            self.allowed.append(resolved)
+
+    def path(self, value: str, field: str) -> Path:
+        if "$" in value or value.startswith("~"):
+            raise self.log.fail(f"{field} {value!r}: paths are taken literally (no $VARIABLE or ~ expansion)",
+                                error=BuildInputError)
+        path = _resolve(self.manifest_dir, value)
+        if _inside(path, self.root) or any(_inside(path, a) for a in self.allowed):
+            return path
+        raise self.log.fail(
+            f"{field} {value!r} resolves to {path}, outside the manifest's repository {self.root}: build paths "
+            "stay inside it (symlinks resolved); name a host path outside it under build.host_paths with a "
+            "reason", error=BuildInputError)
+
+
+def check_ca_bundle(path: Path) -> str | None:
+    """Why build.ca_bundle is refused (it is mounted into RUN steps); None for a PEM certificate bundle."""
+    try:
+        if path.stat().st_size > CA_BUNDLE_MAX_BYTES:
+            return f"is larger than {CA_BUNDLE_MAX_BYTES // 2**20} MiB"
+        text = path.read_bytes().decode("ascii", "replace")
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        return "holds no PEM certificate (-----BEGIN CERTIFICATE-----): it must be a CA bundle"
+    if "PRIVATE KEY" in text:
+        return "holds a private key: a CA bundle holds certificates only"
+    return None
 
 
 def pin_arg_name(component_name: str) -> str:
@@ -278,11 +351,12 @@ def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan
     spec = release.build
     if not spec.containerfile:
         raise log.fail(f"builder {spec.builder!r} needs build.containerfile", error=BuildInputError)
-    containerfile = _resolve(manifest_dir, spec.containerfile)
+    confine = _Confinement(release, manifest_dir, log)
+    containerfile = confine.path(spec.containerfile, "build.containerfile")
     if not containerfile.is_file():
         raise log.fail(f"Containerfile {containerfile} not found (build.containerfile "
                        f"{spec.containerfile!r}, relative to {manifest_dir})", error=BuildInputError)
-    context = _resolve(manifest_dir, spec.context) if spec.context else containerfile.parent
+    context = confine.path(spec.context, "build.context") if spec.context else containerfile.parent
     if not context.is_dir():
         raise log.fail(f"build context {context} is not a directory (build.context {spec.context!r})", error=BuildInputError)
     args = component_pins(release)
@@ -290,7 +364,7 @@ def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan
     for name, value in spec.build_args.items():
         if name.startswith(CONTEXT_ARG_PREFIX):
             ctx_name = name[len(CONTEXT_ARG_PREFIX):]
-            path = _resolve(manifest_dir, value)
+            path = confine.path(value, f"build.build_args[{name!r}]")
             if not path.exists():
                 raise log.fail(f"build context {ctx_name!r}: {path} does not exist (build.build_args {name!r})", error=BuildInputError)
             contexts[ctx_name] = str(path)
@@ -300,14 +374,21 @@ def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan
         args["BASE_IMAGE"] = spec.base_image
     ca_bundle = None
     if spec.ca_bundle:
+        if "$" in spec.ca_bundle or spec.ca_bundle.startswith("~"):
+            raise log.fail(f"build.ca_bundle {spec.ca_bundle!r}: paths are taken literally (no $VARIABLE or ~ "
+                           "expansion)", error=BuildInputError)
         ca_bundle = _resolve(manifest_dir, spec.ca_bundle)
         if not ca_bundle.is_file():
             raise log.fail(f"build.ca_bundle {ca_bundle} is not a file", error=BuildInputError)
-    return BuildPlan(containerfile, context, args, contexts, ca_bundle, release.candidate_reference)
+        problem = check_ca_bundle(ca_bundle)
+        if problem:
+            raise log.fail(f"build.ca_bundle {ca_bundle} {problem}", error=BuildInputError)
+    return BuildPlan(containerfile, context, args, contexts, ca_bundle, release.candidate_reference,
+                     network=spec.network, opt_ins=tuple(spec.opt_in_notes()))
 
 
 def _build_argv(tool: str, store: ContainerStore, plan: BuildPlan, iidfile: Path) -> list[str]:
-    argv = [tool, *store.global_args(tool), "build", "--layers", "--network", "host", "--pull=false",
+    argv = [tool, *store.global_args(tool), "build", "--layers", "--network", plan.network_flag, "--pull=false",
             "--file", str(plan.containerfile), "--tag", plan.target, "--iidfile", str(iidfile)]
     if tool == "buildah":
         argv += ["--isolation", "oci", "--runtime", "runc"]
@@ -370,7 +451,8 @@ def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) 
     env = store.env()
     _check_local_bases(tool, store, plan, log)
     deadline = time.monotonic() + release.build.timeout_s
-    insecure = release.promotion.insecure_registries
+    insecure = allowed_insecure(release)
+    _log_network(log, plan)
     with tempfile.TemporaryDirectory(prefix="qualify-build-") as tmp:
         iidfile, digestfile = Path(tmp) / "iid", Path(tmp) / "digest"
         log.run(_build_argv(tool, store, plan, iidfile), env=env, timeout_s=release.build.timeout_s,
@@ -391,7 +473,27 @@ def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) 
     log.write(f"# candidate {repository}@{pushed}")
     return BuildResult(repository=repository, tag=release.release.candidate_tag, digest=pushed,
                        builder=tool, image_ref=f"{repository}@{pushed}", log_path=str(log.path),
-                       log_tail=log.tail())
+                       log_tail=log.tail(), network=plan.network, opt_ins=plan.opt_ins)
+
+
+def _log_network(log: BuildLog, plan: BuildPlan) -> None:
+    if plan.network == "host":
+        log.write("# build network: host (build.network: host): RUN steps share this machine's network, "
+                  "loopback services included")
+    else:
+        log.write("# build network: isolated (--network none): RUN steps have no network")
+    for note in plan.opt_ins:
+        log.write(f"# opt-in: {note}")
+
+
+def allowed_insecure(release: Release) -> list[str]:
+    """promotion.insecure_registries that may really be reached over plain HTTP: loopback ones, and
+    others only with their opt-in (the manifest's validation says the same; checked again here)."""
+    from qualify.registry.transport import is_loopback
+
+    granted = {o.registry.strip().rstrip("/") for o in release.promotion.opt_ins}
+    return [r for r in release.promotion.insecure_registries
+            if is_loopback(r.strip().rstrip("/")) or r.strip().rstrip("/") in granted]
 
 
 def registry_digest(reference: str, log: BuildLog, *, insecure: Iterable[str] = ()) -> str:
@@ -423,7 +525,9 @@ def build_docker(release: Release, data_dir: Path, manifest_dir: Path) -> BuildR
     plan = plan_build(release, manifest_dir, log)
     deadline = time.monotonic() + release.build.timeout_s
     env = dict(os.environ, DOCKER_BUILDKIT="1")
-    argv = ["docker", "build", "--network", "host", "--file", str(plan.containerfile), "--tag", plan.target]
+    _log_network(log, plan)
+    argv = ["docker", "build", "--network", plan.network_flag, "--file", str(plan.containerfile), "--tag",
+            plan.target]
     for name, value in plan.build_args.items():
         argv += ["--build-arg", f"{name}={value}"]
     for name, path in plan.contexts.items():
@@ -438,14 +542,14 @@ def build_docker(release: Release, data_dir: Path, manifest_dir: Path) -> BuildR
     output = log.run(["docker", "push", plan.target], env=env, timeout_s=release.build.timeout_s,
                      what=f"docker push {plan.target}", deadline=deadline)
     m = re.findall(r"digest: (sha256:[0-9a-f]{64})", output)
-    insecure = release.promotion.insecure_registries
+    insecure = allowed_insecure(release)
     reported = registry_digest(plan.target, log, insecure=insecure)
     if m and m[-1] != reported:
         raise log.fail(f"the registry reports {reported} for {plan.target}, but docker push printed {m[-1]}")
     repository = release.release.repository
     return BuildResult(repository=repository, tag=release.release.candidate_tag, digest=reported,
                        builder="docker", image_ref=f"{repository}@{reported}", log_path=str(log.path),
-                       log_tail=log.tail())
+                       log_tail=log.tail(), network=plan.network, opt_ins=plan.opt_ins)
 
 
 def build_prebuilt(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
@@ -458,7 +562,7 @@ def build_prebuilt(release: Release, data_dir: Path, manifest_dir: Path) -> Buil
         ref = parse_reference(reference)
     except InvalidReference as exc:
         raise log.fail(str(exc)) from None
-    digest = registry_digest(reference, log, insecure=release.promotion.insecure_registries)
+    digest = registry_digest(reference, log, insecure=allowed_insecure(release))
     if ref.digest and ref.digest != digest:
         raise log.fail(f"{reference}: the registry reports digest {digest}")
     log.write(f"# prebuilt {ref.name}@{digest}")

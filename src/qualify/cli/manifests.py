@@ -11,6 +11,7 @@ from rich.table import Table
 from qualify.cases import expand
 from qualify.cli.common import JsonOption, load, out
 from qualify.manifest_load import ManifestError, load_manifest
+from qualify.workloads.secrets import redact_env
 
 
 def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> None:
@@ -43,7 +44,9 @@ def cases(file: Path, as_json: bool = JsonOption) -> None:
     """List the test cases a manifest expands to (stable ids, same order every time)."""
     expanded = expand(load(file).release)
     if as_json:
-        print(json.dumps([c.to_dict() for c in expanded], indent=2, sort_keys=True))
+        # Secret-looking variables of a case's env are printed as "<redacted>" (CI logs keep this).
+        docs = [{**c.to_dict(), "env": redact_env(c.to_dict().get("env") or {})} for c in expanded]
+        print(json.dumps(docs, indent=2, sort_keys=True))
         return
     table = Table(title=f"{len(expanded)} cases of {file}")
     for col in ("case id", "kind", "resources", "parameters"):

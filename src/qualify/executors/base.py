@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from qualify.executors.proctree import TRACK_VAR, ProcessTracker
 from qualify.workloads import protocol
-from qualify.workloads.procs import kill_group
+from qualify.workloads.procs import GRACE_S, KILL_WAIT_S, kill_group
 
 TAIL_CHARS = 4000
+# How often a tracked workload's descendants are sampled (every POLL_S at first, then less often
+# up to POLL_MAX_S: a sample reads /proc/*/stat, a few ms, and must not perturb a benchmark), and
+# how long the output of a workload that exited may stay open (held by something it started)
+# before that is killed.
+POLL_S = 0.25
+POLL_MAX_S = 2.0
+LINGER_S = 5.0
 
 
 @dataclass
@@ -50,26 +60,103 @@ class CommandResult:
 
 
 def run_command(argv: list[str], stdin_text: str, timeout_s: float, env: dict[str, str] | None = None,
-                cwd: str | None = None, on_timeout: Any = None) -> CommandResult:
-    """Run argv in its own process group; on timeout stop the whole group (workers, compilers):
-    SIGTERM, a few seconds to write a document and stop its own children, then SIGKILL."""
+                cwd: str | None = None, on_timeout: Any = None, *, track: bool = True,
+                grace_s: float = GRACE_S, kill_wait_s: float = KILL_WAIT_S, linger_s: float = LINGER_S,
+                poll_s: float = POLL_S) -> CommandResult:
+    """Run argv in its own process group, every wait bounded, nothing of it left behind.
+
+    On timeout: on_timeout() (the container executor removes its container), then SIGTERM to
+    the group and to every tracked process, grace_s to write a document and stop its own
+    children, then SIGKILL to all of them. With track (the default) the workload's environment carries a
+    token and its descendants are sampled while it runs (qualify.executors.proctree), so that a
+    launcher that moved to a new session (torchrun, deepspeed) and its ranks are found and
+    killed too, on a timeout and after a normal exit alike. Reading the output is bounded as
+    well: a descendant that keeps the pipes open after the workload exited gets linger_s, then
+    it is killed and the pipes are closed (the output read so far is kept).
+    """
     start = time.monotonic()
+    deadline = start + timeout_s
+    token = uuid.uuid4().hex if track else None
+    if token is not None:
+        env = dict(os.environ if env is None else env)
+        env[TRACK_VAR] = token
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=env, cwd=cwd, start_new_session=True)
     except OSError as exc:
         return CommandResult(None, "", "", False, f"cannot start {argv[0]!r}: {exc.strerror or exc}",
                              time.monotonic() - start)
-    try:
-        stdout, stderr = proc.communicate(stdin_text, timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    tracker = ProcessTracker(proc.pid, token) if track else None
+    reader = _Reader(proc, stdin_text)
+    timed_out = False
+    exited_at: float | None = None
+    poll = poll_s
+    while not reader.done:
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = exited_at is None  # a workload that exited in time did not time out
+            break
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now  # its output may still be held open by something it started
+        if exited_at is not None and now - exited_at >= linger_s:
+            break
+        limit = deadline - now if exited_at is None else linger_s - (now - exited_at)
+        reader.read(min(poll, limit) if (tracker is not None or exited_at is not None) else limit)
+        if tracker is not None and not reader.done:
+            tracker.sample()
+            poll = min(poll * 1.5, max(poll_s, POLL_MAX_S))
+    if timed_out:
         if on_timeout is not None:
             on_timeout()
-        kill_group(proc)
-        stdout, stderr = proc.communicate()
-    return CommandResult(proc.returncode, stdout or "", stderr or "", timed_out, None, time.monotonic() - start)
+        if tracker is not None:
+            tracker.sample()
+            tracker.signal(signal.SIGTERM)
+        kill_group(proc, grace_s=grace_s, kill_wait_s=kill_wait_s)
+    if tracker is not None:
+        tracker.kill_all(wait_s=kill_wait_s)  # what is left of it after a timeout or a normal exit
+    if not reader.done:
+        reader.read(kill_wait_s)
+    reader.close()
+    try:
+        proc.wait(timeout=kill_wait_s)
+    except subprocess.TimeoutExpired:  # unkillable (D state): give up on it, do not hang
+        pass
+    return CommandResult(proc.returncode, reader.stdout, reader.stderr, timed_out, None, time.monotonic() - start)
+
+
+class _Reader:
+    """proc.communicate() in bounded slices, keeping what was read when it must stop."""
+
+    def __init__(self, proc: subprocess.Popen, stdin_text: str) -> None:
+        self.proc = proc
+        self.pending: str | None = stdin_text
+        self.done = False
+        self.stdout = ""
+        self.stderr = ""
+
+    def read(self, timeout: float) -> None:
+        try:
+            out, err = self.proc.communicate(self.pending, timeout=max(0.01, timeout))
+            self.stdout, self.stderr, self.done = out or "", err or "", True
+        except subprocess.TimeoutExpired as exc:
+            self.stdout, self.stderr = _text(exc.stdout), _text(exc.stderr)
+        except (OSError, ValueError):  # a pipe closed under it
+            self.done = True
+        self.pending = None
+
+    def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+
+
+def _text(data: Any) -> str:
+    if data is None:
+        return ""
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
 
 
 def outcome_from_command(case_doc: dict[str, Any], res: CommandResult, command: list[str],

@@ -9,7 +9,15 @@ the case document on stdin and the result document on stdout, as the local execu
 - A host cache folder is mounted for the DeepSpeed op build (``TORCH_EXTENSIONS_DIR``), the
   inductor cache and ``QUALIFY_CACHE_DIR``, so that the op build happens once per machine.
 - Least privilege: ``--network none`` unless the manifest asks for another network; ``--ipc
-  host``, ``--privileged`` and extra arguments only when it asks.
+  host``, ``--privileged``, host mounts and the other widenings only with the manifest's
+  reasoned opt-in, ``extra_args`` from an allow-list (qualify.container_policy). The manifest's
+  validation says so first; ``run_argv`` refuses again (a bad_case document, never a run).
+- Environment: qualify's own values (PYTHONPATH, caches, devices) are ``--env K=V``; the case's
+  and the manifest's values never go on the command line (it is recorded and visible in ``ps``):
+  ``--env NAME`` takes them from the engine's own environment, where they are put. Names that
+  configure the engine itself (PATH, LD_PRELOAD, HOME, TMPDIR, CONTAINERS_*, ...) go through an
+  ``--env-file`` (mode 0600, removed after the run) instead. The engine's environment is the
+  driver's without qualify's secrets (qualify.executors.environment).
 - Accelerators: only the devices Ray assigned to the case (CDI ``--device nvidia.com/gpu=<id>``,
   ``--gpus "device=<ids>"`` or a device template such as ``/dev/ppu{index}``), with
   ``CUDA_VISIBLE_DEVICES`` set inside.
@@ -24,15 +32,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from qualify import container_policy
 from qualify.settings import Settings
 from qualify.executors.base import (TAIL_CHARS, CommandResult, ExecutionOutcome, case_json,
                                     outcome_from_command, run_command)
+from qualify.executors.environment import engine_environment
 from qualify.workloads import protocol
 
 # The directory that holds the `qualify` package (src/): its workloads are mounted into the image.
@@ -42,6 +54,13 @@ IN_IMAGE_CACHE = "/var/cache/qualify"
 NAME_PREFIX = "qualify-"
 # Exit codes of `podman run` / `docker run` themselves (not of the workload).
 ENGINE_ERROR = 125
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # podman would expand a '*' from its own environment
+# Variables the engine (a Go program, its conmon and OCI runtime) reads for itself: a case value
+# for one of them must not replace the engine's own, so it travels in an --env-file.
+_ENGINE_OWN = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|TMPDIR|TMP|TEMP|LANG|LC_[A-Z]+|TZ|TERM|PWD"
+                         r"|LD_[A-Z_]+|XDG_[A-Z_]+|GO[A-Z0-9_]*|CGO_[A-Z_]+|CONTAINERS?_[A-Z_]+|PODMAN_[A-Z_]+"
+                         r"|DOCKER_[A-Z_]+|BUILDAH_[A-Z_]+|STORAGE_[A-Z_]+|REGISTRIES_CONFIG_PATH|REGISTRY_AUTH_FILE"
+                         r"|SSL_CERT_(FILE|DIR)|NOTIFY_SOCKET|DBUS_[A-Z_]+|(?i:https?_proxy|no_proxy|all_proxy))$")
 
 
 @dataclass(frozen=True)
@@ -67,13 +86,15 @@ class ContainerExecutor:
     containers_conf: str | None = None
     extra_env: tuple[tuple[str, str], ...] = ()
     rm_timeout_s: float = 60.0
+    # The manifest's opt-ins (execution.container.opt_ins[].what): the widenings allowed above.
+    opt_ins: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_manifest(cls, release: Any, image_ref: str, **overrides: Any) -> "ContainerExecutor":
         """The executor for a release's candidate, from execution.container."""
-        from qualify.build.containers import container_store, is_insecure
+        from qualify.build.containers import allowed_insecure, container_store, is_insecure
 
         opts = release.execution.container
         values: dict[str, Any] = dict(
@@ -87,7 +108,8 @@ class ContainerExecutor:
             extra_args=tuple(opts.extra_args),
             shm_size=opts.shm_size,
             cache_root=str(Settings.load().cache_dir / "container-cache"),
-            tls_verify=not is_insecure(image_ref, release.promotion.insecure_registries),
+            tls_verify=not is_insecure(image_ref, allowed_insecure(release)),
+            opt_ins=tuple(o.what for o in opts.opt_ins),
         )
         if _tool_name(opts.runtime) == "podman":
             store = container_store()
@@ -101,7 +123,16 @@ class ContainerExecutor:
             extras.append("ipc host")
         if self.privileged:
             extras.append("privileged")
+        if self.opt_ins:
+            extras.append("opt-ins: " + ", ".join(self.opt_ins))
         return f"{_tool_name(self.runtime)} run {self.image} ({', '.join(extras)})"
+
+    def policy_problems(self) -> list[str]:
+        """What these options widen without an opt-in, or what qualify never allows (the manifest's
+        rule, qualify.container_policy, checked again right before a run)."""
+        return container_policy.container_problems(
+            privileged=self.privileged, network=self.network, ipc_host=self.ipc_host,
+            extra_args=self.extra_args, device_template=self.device_template, opt_ins=self.opt_ins)
 
     # ------------------------------------------------------------------ command lines
 
@@ -118,13 +149,17 @@ class ContainerExecutor:
                 argv += ["--runroot", self.storage_runroot, "--tmpdir", str(Path(self.storage_runroot) / "libpod")]
         return argv
 
-    def engine_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+    def engine_env(self, values: dict[str, str] | None = None) -> dict[str, str]:
+        """The engine's own environment: the driver's without qualify's secrets, plus the values
+        that `--env NAME` arguments take from it."""
+        env = engine_environment()
         if self._podman and self.containers_conf:
             env["CONTAINERS_CONF"] = self.containers_conf
+        env.update(values or {})
         return env
 
-    def container_env(self, case_doc: dict[str, Any], gpu_ids: Sequence[str]) -> list[tuple[str, str]]:
+    def fixed_env(self, gpu_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """qualify's own variables (never secret): `--env K=V` on the command line."""
         env: list[tuple[str, str]] = [("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1")]
         if self.workload_root:
             env.append(("PYTHONPATH", IN_IMAGE_ROOT))
@@ -139,9 +174,22 @@ class ContainerExecutor:
             visible = [str(i) for i in range(len(gpu_ids))] if restricted else [str(g) for g in gpu_ids]
             env += [("CUDA_VISIBLE_DEVICES", ",".join(visible)),
                     ("QUALIFY_ASSIGNED_DEVICES", ",".join(str(g) for g in gpu_ids))]
-        env += list(self.extra_env)
-        env += [(str(k), str(v)) for k, v in (case_doc.get("env") or {}).items()]
         return env
+
+    def passed_env(self, case_doc: dict[str, Any]) -> list[tuple[str, str]]:
+        """The executor's extra_env and the case's env (the manifest's values): never on argv."""
+        env = [(str(k), str(v)) for k, v in self.extra_env]
+        env += [(str(k), str(v)) for k, v in (case_doc.get("env") or {}).items()]
+        for name, value in env:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"environment variable name {name!r} is not a plain name (letters, digits, _)")
+            if "\0" in value or "\n" in value:
+                raise ValueError(f"environment variable {name}: the value holds a newline or NUL byte")
+        return env
+
+    def container_env(self, case_doc: dict[str, Any], gpu_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """Every variable the container gets, in order (later ones win)."""
+        return self.fixed_env(gpu_ids) + self.passed_env(case_doc)
 
     def device_args(self, gpu_ids: Sequence[str]) -> list[str]:
         args: list[str] = []
@@ -149,7 +197,7 @@ class ContainerExecutor:
             return args
         if self.device_template:
             for gpu in gpu_ids:
-                args += ["--device", self.device_template.format(index=gpu, id=gpu)]
+                args += ["--device", container_policy.device_for(self.device_template, gpu)]
         if self.gpu_mode == "cdi":
             for gpu in gpu_ids:
                 args += ["--device", f"nvidia.com/gpu={gpu}"]
@@ -158,10 +206,24 @@ class ContainerExecutor:
             args += ["--gpus", f'"device={",".join(str(g) for g in gpu_ids)}"']
         return args
 
-    def run_argv(self, case_doc: dict[str, Any], name: str, gpu_ids: Sequence[str] = ()) -> list[str]:
+    def run_argv(self, case_doc: dict[str, Any], name: str, gpu_ids: Sequence[str] = (),
+                 env_file: str | None = None) -> list[str]:
+        """The engine's command line (ValueError when the case or the options are refused).
+
+        The values of the case's variables are not in it: see run_plan."""
+        return self.run_plan(case_doc, name, gpu_ids, env_file=env_file)[0]
+
+    def run_plan(self, case_doc: dict[str, Any], name: str, gpu_ids: Sequence[str] = (),
+                 env_file: str | None = None) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """(argv, values for the engine's environment, values for the env file).
+
+        Without env_file, the values that must travel in one are left out of argv (a dry view)."""
         kind = case_doc["kind"]
         if not re.fullmatch(r"[a-z][a-z0-9_]*", str(kind)):
             raise ValueError(f"case kind {kind!r} is not a workload module name")
+        problems = self.policy_problems()
+        if problems:
+            raise ValueError("execution.container refused: " + "; ".join(problems))
         argv = [*self.engine_argv(), "run", "--rm", "-i", "--name", name, "--network", self.network]
         if self._podman:
             argv += ["--pull", "missing"]
@@ -180,11 +242,24 @@ class ContainerExecutor:
         if self.cache_root:
             argv += ["--volume", f"{self.cache_root}:{IN_IMAGE_CACHE}"]
         argv += self.device_args(gpu_ids)
-        for key, value in self.container_env(case_doc, gpu_ids):
+        for key, value in self.fixed_env(gpu_ids):
             argv += ["--env", f"{key}={value}"]
+        via_engine: dict[str, str] = {}
+        via_file: dict[str, str] = {}
+        for key, value in self.passed_env(case_doc):
+            if _ENGINE_OWN.match(key):
+                via_file[key] = value
+                via_engine.pop(key, None)
+            else:
+                via_engine[key] = value
+                via_file.pop(key, None)
+        if via_file and env_file:
+            argv += ["--env-file", env_file]
+        for key in via_engine:
+            argv += ["--env", key]  # the value comes from the engine's environment
         argv += list(self.extra_args)
         argv += [self.image, "python3", "-m", f"qualify.workloads.{kind}"]
-        return argv
+        return argv, via_engine, via_file
 
     # ------------------------------------------------------------------ running
 
@@ -202,23 +277,34 @@ class ContainerExecutor:
     def run(self, case_doc: dict[str, Any], *, timeout_s: float, gpu_ids: Sequence[str] = ()) -> ExecutionOutcome:
         name = f"{NAME_PREFIX}{uuid.uuid4().hex[:16]}"
         gpu_ids = [str(g) for g in gpu_ids]
+        private = tempfile.mkdtemp(prefix="qualify-env-")  # mode 0700
         try:
-            argv = self.run_argv(case_doc, name, gpu_ids)
-        except ValueError as exc:
-            doc = protocol.make_result(case_doc, "error", error_class="bad_case", error=str(exc))
-            return ExecutionOutcome(doc=doc, exit_code=None, exec_s=0.0)
-        if self.cache_root:
+            env_file = str(Path(private) / "env")
             try:
-                Path(self.cache_root).mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                doc = protocol.make_result(case_doc, "error", error_class="infra",
-                                           error=f"cannot create the cache folder {self.cache_root}: {exc}")
-                return ExecutionOutcome(doc=doc, exit_code=None, exec_s=0.0, command=argv)
-        try:
-            res = run_command(argv, case_json(case_doc), timeout_s, env=self.engine_env(),
-                              on_timeout=lambda: self.remove(name))
+                argv, via_engine, via_file = self.run_plan(case_doc, name, gpu_ids, env_file=env_file)
+            except ValueError as exc:
+                doc = protocol.make_result(case_doc, "error", error_class="bad_case", error=str(exc))
+                return ExecutionOutcome(doc=doc, exit_code=None, exec_s=0.0)
+            if via_file:
+                fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.writelines(f"{k}={v}\n" for k, v in via_file.items())
+            if self.cache_root:
+                try:
+                    Path(self.cache_root).mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    doc = protocol.make_result(case_doc, "error", error_class="infra",
+                                               error=f"cannot create the cache folder {self.cache_root}: {exc}")
+                    return ExecutionOutcome(doc=doc, exit_code=None, exec_s=0.0, command=argv)
+            try:
+                # Not tracked: the workload lives in the container (removed by name), and the engine's
+                # own helpers (conmon, its cleanup) must outlive the client to remove it.
+                res = run_command(argv, case_json(case_doc), timeout_s, env=self.engine_env(via_engine),
+                                  on_timeout=lambda: self.remove(name), track=False)
+            finally:
+                self.remove(name)
         finally:
-            self.remove(name)
+            shutil.rmtree(private, ignore_errors=True)
         return self._outcome(case_doc, res, argv, timeout_s)
 
     def _outcome(self, case_doc: dict[str, Any], res: CommandResult, argv: list[str],

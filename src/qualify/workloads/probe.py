@@ -2,6 +2,8 @@
 
 params: packages (distribution names to look up; empty = all installed), commands
 ({name: argv} whose output is returned for the orchestrator's regex), env (variable names).
+Secret-looking variables and credential-shaped output are reported as "<redacted>"
+(qualify.workloads.secrets): a secret never leaves the image.
 Reports OS release, Python version, package versions (importlib.metadata), torch's CUDA
 version, the CUDA runtime and the driver where present.
 """
@@ -18,6 +20,7 @@ import sys
 from typing import Any
 
 from qualify.workloads import protocol
+from qualify.workloads.secrets import redact_value, scrub_text
 
 
 def os_release(path: str = "/etc/os-release") -> dict[str, str]:
@@ -92,9 +95,9 @@ def run_commands(commands: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
     for name, argv in commands.items():
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-            out[name] = {"returncode": res.returncode, "output": (res.stdout + res.stderr)[:4000]}
+            out[name] = {"returncode": res.returncode, "output": scrub_text((res.stdout + res.stderr)[:4000])}
         except (OSError, subprocess.SubprocessError) as exc:
-            out[name] = {"returncode": None, "output": "", "error": str(exc)}
+            out[name] = {"returncode": None, "output": "", "error": scrub_text(str(exc))}
     return out
 
 
@@ -107,7 +110,8 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
         "python_full": sys.version,
         "packages": installed_packages(),
         "driver": driver_version(),  # None: unknown from inside the image
-        "env": {name: os.environ.get(name) for name in params.get("env", [])},
+        # A secret never leaves the image: names and values that look secret are "<redacted>".
+        "env": {name: redact_value(name, os.environ.get(name)) for name in params.get("env", [])},
         "commands": run_commands(params.get("commands", {})),
     }
     if params.get("torch", True):

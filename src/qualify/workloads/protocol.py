@@ -34,6 +34,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterable
 
+from qualify.workloads.procs import die_with_parent
 from qualify.workloads.settings import WorkloadSettings
 
 PROTOCOL_VERSION = 1
@@ -234,6 +235,14 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
     "passed" (a rank of a multi-process case: its launcher then stops the peers).
     result_path: also write the document there (atomically), e.g. a rank's own file.
     """
+    # A workload (and each rank a launcher starts) dies with the process that started it: a
+    # killed executor or launcher leaves no orphan holding devices, ports or files. A launched
+    # rank whose launcher is gone already (reparented to init) stops at once.
+    try:
+        launched = WorkloadSettings.from_env().launched
+    except ValueError:  # a malformed RANK: the handler reports it in a document
+        launched = False
+    die_with_parent(orphaned_if_init=launched)
     tail = _TailHandler()
     tail.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -10,17 +10,18 @@ import resource
 import subprocess
 from typing import Any, Mapping
 
+from qualify.workloads.secrets import redact_env
 from qualify.workloads.train.models import estimate_state_bytes
 
 # Variables worth recording even when the case did not pass them (communication
 # libraries and the image's optimisation switches, e.g. CHECKPOINT_OPTIMIZATION).
 _RECORDED = re.compile(r"^(NCCL_|ACCL_|PCCL_|CHECKPOINT_OPTIMIZATION|TORCH_|TORCHINDUCTOR_|"
                        r"OMP_|KMP_|CUDA_VISIBLE_DEVICES|DS_)")
-_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|^KEY", re.I)
 
 
 def redact(env: dict[str, Any]) -> dict[str, str]:
-    return {str(k): ("<redacted>" if _SECRET.search(str(k)) else str(v)) for k, v in env.items()}
+    """Secret-looking names and credential-shaped values as "<redacted>" (qualify.workloads.secrets)."""
+    return {k: str(v) for k, v in redact_env(env).items()}
 
 
 def recorded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

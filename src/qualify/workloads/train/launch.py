@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Any, Mapping
 
-from qualify.workloads.procs import kill_group
+from qualify.workloads.procs import kill_group, pdeathsig_preexec
 from qualify.workloads.settings import LAUNCHED_MARK, WorkloadSettings
 
 RANK_RESULT_DIR = "QUALIFY_RANK_RESULT_DIR"
@@ -96,9 +96,11 @@ def relaunch(cmd: list[str], timeout_s: float | None, log, extra_env: Mapping[st
     env[LAUNCHED_MARK] = "1"
     env.update(extra_env or {})
     log.info("relaunching: %s", " ".join(cmd))
-    # Own process group: on a timeout the launcher and every worker it started go.
+    # Own process group: on a timeout the launcher and every worker it started go. The
+    # launcher dies with this process (PR_SET_PDEATHSIG), and each rank with the launcher
+    # (protocol.run_workload): a killed workload leaves no rank behind.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=pdeathsig_preexec())
     try:
         stdout, _ = proc.communicate(timeout=timeout_s)
     except BaseException:

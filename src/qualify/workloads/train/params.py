@@ -20,6 +20,9 @@ LAUNCHERS = ("auto", "none", "deepspeed", "torchrun")
 DTYPES = ("bf16", "fp32")
 DATA = ("synthetic", "memorize")
 ATTN = ("sdpa", "eager")
+# Fault injection (tests): a NaN loss at step k (on one rank); ranks that hang once launched,
+# deaf to SIGTERM (as a rank stuck in a collective is), to prove that a timeout stops the whole tree.
+INJECT = ("nan_at_step", "rank", "hang_after_launch_s")
 
 
 def available_cores() -> int:
@@ -172,10 +175,11 @@ def parse_params(params: dict[str, Any]) -> TrainParams:
         raise BadCase(f"param deepspeed_config: expected an object, got {type(ds).__name__}")
     check_release_rules(ds)
     inject = params.get("inject", {})
-    if not isinstance(inject, dict) or set(inject) - {"nan_at_step", "rank"}:
-        raise BadCase(f"param inject: only {{\"nan_at_step\": k, \"rank\": r}} is supported, got {inject!r}")
+    if not isinstance(inject, dict) or set(inject) - set(INJECT):
+        raise BadCase(f"param inject: only {', '.join(INJECT)} are supported, got {inject!r}")
     _int(inject, "nan_at_step", 0)
     _int(inject, "rank", 0)
+    _positive(inject, "hang_after_launch_s")
     values = {k: v for k, v in params.items() if k in known}
     values["deepspeed_config"] = copy.deepcopy(ds)
     values["inject"] = dict(inject)

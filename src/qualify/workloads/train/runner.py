@@ -68,6 +68,8 @@ def handle(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
     if launcher != "none" and not is_launched():
         _arm_timeout(None)  # SIGTERM only: the launcher's own timeout is communicate()'s
         return _relaunched(case, p, launcher, timeout_s, log)
+    if launcher != "none" and p.inject.get("hang_after_launch_s"):
+        _hang(p.inject["hang_after_launch_s"], log)
     _arm_timeout(timeout_s)
     try:
         return _train(case, p, launcher, log)
@@ -75,6 +77,16 @@ def handle(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
         return {"status": "error", "error_class": "timeout", "error": str(exc)}
     finally:
         signal.alarm(0)
+
+
+def _hang(seconds: float, log: logging.Logger) -> None:
+    """inject.hang_after_launch_s: a launched rank that hangs deaf to SIGTERM and SIGINT, as a
+    rank stuck in a collective does (a test of the executor's timeout, never a benchmark)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log.warning("rank %s hangs for %g s (inject.hang_after_launch_s)",
+                WorkloadSettings.from_env().rank, seconds)
+    time.sleep(seconds)
 
 
 def _arm_timeout(timeout_s: Any) -> None:
