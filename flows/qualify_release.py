@@ -56,7 +56,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         ctx.progress.listeners.append(on_progress)
     ray_handle = None
     try:
-        logger.info("run %s of %s %s: %d cases", ctx.run_id, ctx.release.release.name, ctx.release.release.tag,
+        logger.info("run %s of %s %s: %d cases", ctx.run_id, ctx.manifest.release.name, ctx.manifest.release.tag,
                     len(ctx.cases))
         with ctx.timed_stage("build"):
             build = _unwrap(obtain_candidate_task(ctx, wait))

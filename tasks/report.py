@@ -12,7 +12,7 @@ from qualify.reporting import artifact_key, results_table, run_detail, summary_m
 
 
 def _key(ctx: pipeline.RunContext, what: str) -> str:
-    return artifact_key(ctx.release.release.name, ctx.release.release.tag, what)
+    return artifact_key(ctx.manifest.release.name, ctx.manifest.release.tag, what)
 
 
 @task(name="progress-artifact", cache_policy=NO_CACHE)

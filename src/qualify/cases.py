@@ -1,4 +1,4 @@
-"""Expand a Release into its test cases: frozen values with stable, readable ids.
+"""Expand a ReleaseManifest into its test cases: frozen values with stable, readable ids.
 
 The same manifest always gives the same ids in the same order: training
 (models x variants), then inference (models x schemes), then custom cases, each
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from qualify.manifest import Release, Resources, TrainModel, TrainVariant
+from qualify.manifest import ReleaseManifest, Resources, TrainModel, TrainVariant
 from qualify.manifest_load import ManifestError, case_count_problem, merged_infer_settings
 from qualify.workloads import protocol
 from qualify.workloads.merge import deep_merge
@@ -73,9 +73,9 @@ class Case:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def expand(release: Release, name: str = "<manifest>") -> list[Case]:
+def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
     """The cases of a release; ManifestError when there would be more than the case cap
-    (load_manifest refuses such a manifest already; this guards a Release built otherwise)."""
+    (load_manifest refuses such a manifest already; this guards a ReleaseManifest built otherwise)."""
     too_many = case_count_problem(release, name)
     if too_many is not None:
         raise ManifestError([too_many])
@@ -123,7 +123,7 @@ def devices_per_node(resources: Resources) -> int:
     return max(1, int(resources.gpus / max(1, resources.nodes)))
 
 
-def _train_case(release: Release, model: TrainModel, variant: TrainVariant, timeout: int) -> Case:
+def _train_case(release: ReleaseManifest, model: TrainModel, variant: TrainVariant, timeout: int) -> Case:
     assert release.training is not None
     settings: dict[str, Any] = {}
     env: dict[str, str] = {}

@@ -728,7 +728,7 @@ class ExpandedTarget(BaseModel):
 # --------------------------------------------------------------------------- root
 
 
-class Release(Strict):
+class ReleaseManifest(Strict):
     api_version: Literal["qualify/v1"] = Field(alias="apiVersion", default="qualify/v1")
     release: ReleaseInfo
     build: BuildSpec = Field(default_factory=BuildSpec)
@@ -743,7 +743,7 @@ class Release(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @model_validator(mode="after")
-    def _matrix(self) -> "Release":
+    def _matrix(self) -> "ReleaseManifest":
         if self.training is None and self.inference is None and not self.custom_cases:
             raise ValueError("the test matrix is empty: give 'training', 'inference' or 'custom_cases'")
         seen: set[tuple[str, str]] = set()

@@ -35,7 +35,7 @@ from qualify.manifest import (
     InferScheme,
     InferSettings,
     PREQUANTIZED_SCHEMES,
-    Release,
+    ReleaseManifest,
     inference_model_names,
     is_model_path,
     training_presets,
@@ -118,7 +118,7 @@ class ManifestError(BadInput):
 @dataclass(frozen=True)
 class LoadedManifest:
     path: Path
-    release: Release
+    release: ReleaseManifest
     text: str
 
     @property
@@ -130,7 +130,7 @@ class LoadedManifest:
         return policy_sha256(self.release)
 
 
-def policy_sha256(release: Release) -> str:
+def policy_sha256(release: ReleaseManifest) -> str:
     """Hash of the gate policy alone: a decision records which policy it applied."""
     import json
 
@@ -301,7 +301,7 @@ def load_manifest_text(text: str, name: str = "<manifest>", today: dt.date | Non
     if not isinstance(data, dict):
         raise ManifestError([Problem(name, "", "the manifest must be a YAML mapping")])
     try:
-        release = Release.model_validate(data)
+        release = ReleaseManifest.model_validate(data)
     except ValidationError as exc:
         problems, more = _pydantic_problems(name, exc)
         raise ManifestError(problems, more) from None
@@ -378,7 +378,7 @@ def _unwrap(annotation: Any) -> Any:
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
-    cls: Any = Release
+    cls: Any = ReleaseManifest
     for part in loc:
         if isinstance(part, int):
             continue
@@ -397,7 +397,7 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
 # --------------------------------------------------------------------------- cross-field rules
 
 
-def merged_infer_settings(release: Release, model: InferModel, scheme: InferScheme) -> dict[str, Any]:
+def merged_infer_settings(release: ReleaseManifest, model: InferModel, scheme: InferScheme) -> dict[str, Any]:
     """defaults < model < scheme; engine_args and env merge key by key."""
     layers: list[InferSettings] = [release.inference.defaults, model.settings, scheme.settings]  # type: ignore[union-attr]
     merged: dict[str, Any] = {}
@@ -419,7 +419,7 @@ def is_deepseek_r1(model: InferModel) -> bool:
     return "deepseek-r1" in text or "deepseek_r1" in text
 
 
-def case_count_problem(release: Release, file: str) -> Problem | None:
+def case_count_problem(release: ReleaseManifest, file: str) -> Problem | None:
     """The case cap, checked on counts before anything is expanded; the problem names the
     part of the matrix that contributes most."""
     counts = release.case_counts()
@@ -449,7 +449,7 @@ def _unknown_name(name: str, known: frozenset[str], what: str) -> str:
             + f"; known: {', '.join(sorted(known))}")
 
 
-def model_name_problems(release: Release, file: str) -> list[Problem]:
+def model_name_problems(release: ReleaseManifest, file: str) -> list[Problem]:
     """Training presets and inference model names the workloads would refuse at run time."""
     problems: list[Problem] = []
     if release.training is not None:
@@ -481,7 +481,7 @@ def model_name_problems(release: Release, file: str) -> list[Problem]:
     return problems
 
 
-def semantic_problems(release: Release, file: str, today: dt.date, check_expiry: bool = True) -> list[Problem]:
+def semantic_problems(release: ReleaseManifest, file: str, today: dt.date, check_expiry: bool = True) -> list[Problem]:
     too_many = case_count_problem(release, file)
     if too_many is not None:
         return [too_many]  # the other rules walk the matrix: refuse before that

@@ -27,7 +27,7 @@ from qualify.cases import Case, expand
 from qualify.errors import BadInput, InfraError, Rejected
 from qualify.executors import Executor, LocalExecutor
 from qualify.gate.service import Evaluation, evaluate_and_commit
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 from qualify.manifest_load import LoadedManifest, load_manifest
 from qualify.outcomes import CaseOutcome, CaseStatus, ErrorClass, RunStatus, Verdict
 from qualify.settings import Settings
@@ -102,7 +102,7 @@ class RunContext:
     _stop_heartbeat: threading.Event = field(default_factory=threading.Event)
 
     @property
-    def release(self) -> Release:
+    def manifest(self) -> ReleaseManifest:
         return self.loaded.release
 
     @contextlib.contextmanager
@@ -236,7 +236,7 @@ def _whoami() -> str:
 def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float = 3600) -> BuildResult:
     """Build or resolve the candidate, record its image, and bind the run to its digest."""
     try:
-        build = build_candidate(ctx.release, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+        build = build_candidate(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
     except BuildError as exc:
         tail = (exc.log_tail or "").strip()[-2000:]
         message = f"build failed: {exc}" + (f"\n--- build log tail ---\n{tail}" if tail else "")
@@ -274,7 +274,7 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
 
 
 def make_executor(ctx: RunContext, build: BuildResult) -> Executor:
-    execution = ctx.release.execution
+    execution = ctx.manifest.execution
     if execution.executor == "local":
         return LocalExecutor(python=build.python or LocalExecutor().python)
     from qualify.executors.container import ContainerExecutor
@@ -282,7 +282,7 @@ def make_executor(ctx: RunContext, build: BuildResult) -> Executor:
     if not build.image_ref:
         raise BadInput("execution.executor 'container' needs a container image: builder "
                              f"{build.builder!r} produced none")
-    return ContainerExecutor.from_manifest(ctx.release, build.image_ref)
+    return ContainerExecutor.from_manifest(ctx.manifest, build.image_ref)
 
 
 # --------------------------------------------------------------------------- verify
@@ -293,7 +293,7 @@ def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
     from qualify.manifest import Resources
     from qualify.ray_backend import run_case_on_ray
 
-    components = list(ctx.release.components)
+    components = list(ctx.manifest.components)
     if not components:
         return []
     assert ctx.executor is not None, "obtain_candidate() sets the executor"
@@ -363,7 +363,7 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
     assert ctx.executor is not None, "obtain_candidate() sets the executor"
     ctx.progress.start_case()
     attempts = 0
-    retries = ctx.release.execution.infra_retries
+    retries = ctx.manifest.execution.infra_retries
     reason = infeasible(case.resources)
     if reason:
         out = ray_backend.RayCaseResult.failed(
@@ -374,7 +374,7 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
             attempts += 1
             out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
-            retryable = out.retryable or (timed_out and ctx.release.execution.retry_timeouts)
+            retryable = out.retryable or (timed_out and ctx.manifest.execution.retry_timeouts)
             if not retryable or attempts > retries:
                 break
             log(f"{case.case_id}: attempt {attempts} ended with {out.doc.get('error_class')} "
@@ -428,8 +428,8 @@ def judge(ctx: RunContext) -> Evaluation:
 
 def wants_promotion(ctx: RunContext, verdict: Verdict, override: bool | None) -> bool:
     """Promote only a PASS, only when asked (flag, else the manifest), and only when there are targets."""
-    asked = ctx.release.promotion.on_pass if override is None else override
-    return verdict == Verdict.PASS and asked and bool(ctx.release.promotion.targets)
+    asked = ctx.manifest.promotion.on_pass if override is None else override
+    return verdict == Verdict.PASS and asked and bool(ctx.manifest.promotion.targets)
 
 
 def promote(ctx: RunContext, log: Callable[[str], None] = lambda _m: None) -> list["TargetOutcome"]:
@@ -437,7 +437,7 @@ def promote(ctx: RunContext, log: Callable[[str], None] = lambda _m: None) -> li
     from qualify.promote import PromotionError, PromotionRefused, TargetOutcome, promote_run
 
     try:
-        return promote_run(ctx.sessions, ctx.run_id, insecure=list(ctx.release.promotion.insecure_registries),
+        return promote_run(ctx.sessions, ctx.run_id, insecure=list(ctx.manifest.promotion.insecure_registries),
                            actor="qualify-flow")
     except PromotionRefused as exc:
         log(f"promotion refused: {exc}")

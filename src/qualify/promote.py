@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from qualify.errors import BadInput, ExitCode, Rejected
 from qualify.outcomes import Verdict
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
-from qualify.manifest import ExpandedTarget, Release
+from qualify.manifest import ExpandedTarget, ReleaseManifest
 from qualify.manifest_load import ManifestError
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError, RegistryUnreachable
 from qualify.store import repo
@@ -75,14 +75,14 @@ def default_actor() -> str:
         return "unknown"
 
 
-def _stored_release(run: Run) -> Release:
+def _stored_release(run: Run) -> ReleaseManifest:
     try:
         return repo.run_manifest(run).release
     except ManifestError as exc:
         raise PromotionError("; ".join(str(p) for p in exc.problems)) from None
 
 
-def select_targets(release: Release, target: str | None) -> list[ExpandedTarget]:
+def select_targets(release: ReleaseManifest, target: str | None) -> list[ExpandedTarget]:
     targets = release.expanded_targets()
     if not targets:
         raise PromotionError("the run's manifest has no promotion targets")

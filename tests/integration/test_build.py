@@ -27,19 +27,19 @@ from qualify.build.containers import (
     local_base_images,
     plan_build,
 )
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 
 # The shape of a PEM certificate: build.ca_bundle must hold certificates (and no private key).
 FAKE_CERT = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"
 
 def _release(tmp: Path, *, builder: str = "buildah", repository: str = "127.0.0.1:5000/qualify/t",
              build: dict[str, Any] | None = None, components: list[dict] | None = None,
-             insecure: list[str] | None = None) -> Release:
+             insecure: list[str] | None = None) -> ReleaseManifest:
     spec: dict[str, Any] = {"builder": builder}
     if builder != "prebuilt":
         spec["containerfile"] = "Containerfile"
     spec.update(build or {})
-    return Release.model_validate({
+    return ReleaseManifest.model_validate({
         "release": {"name": "build-test", "repository": repository, "tag": "1.0", "candidate_tag": "1.0-rc1"},
         "build": spec,
         "components": components or [],
@@ -220,7 +220,7 @@ def test_build_push_and_digest(tmp_path: Path, base_image: str, container_regist
             subprocess.run([*podman, "rmi", "--force", image_id], capture_output=True, env=store.env())
 
 
-def _build_push_and_check(tmp_path: Path, release: Release, repo: str, builder: str, marker: str,
+def _build_push_and_check(tmp_path: Path, release: ReleaseManifest, repo: str, builder: str, marker: str,
                           podman: list[str], store: Any) -> None:
     result = build_candidate(release, data_dir=tmp_path / "data", manifest_dir=tmp_path)
     assert result.builder == builder and result.repository == repo and result.tag == "1.0-rc1"

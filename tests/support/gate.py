@@ -16,7 +16,7 @@ import yaml
 from qualify import fingerprint
 from qualify.cases import Case, expand
 from qualify.gate.checks import ComponentData, ResultData
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 from qualify.manifest_load import load_manifest_text
 from qualify.workloads.protocol import make_result
 
@@ -63,11 +63,11 @@ def manifest_text(**sections: Any) -> str:
     return yaml.safe_dump(manifest_dict(**sections), sort_keys=False)
 
 
-def release(**sections: Any) -> Release:
+def release(**sections: Any) -> ReleaseManifest:
     return load_manifest_text(manifest_text(**sections), check_expiry=False).release
 
 
-def cases_of(rel: Release) -> list[Case]:
+def cases_of(rel: ReleaseManifest) -> list[Case]:
     return expand(rel)
 
 
@@ -113,7 +113,7 @@ def as_result(case: Case, doc: dict[str, Any]) -> ResultData:
                                fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
 
 
-def good_results(rel: Release, **kwargs: Any) -> dict[str, ResultData]:
+def good_results(rel: ReleaseManifest, **kwargs: Any) -> dict[str, ResultData]:
     return {c.case_id: as_result(c, good_doc(c, **kwargs)) for c in cases_of(rel)}
 
 

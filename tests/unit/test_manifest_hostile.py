@@ -91,11 +91,11 @@ def test_case_cap_boundary_and_speed() -> None:
 
 def test_expand_refuses_a_release_that_skipped_the_loader() -> None:
     from qualify.cases import expand
-    from qualify.manifest import Release
+    from qualify.manifest import ReleaseManifest
 
     data = yaml.safe_load(MINIMAL)
     data["custom_cases"] = [{"name": "nap", "kind": "sleep", "count": 10**6}]
-    release = Release.model_validate(data)  # pydantic alone: no semantic rules, no case cap
+    release = ReleaseManifest.model_validate(data)  # pydantic alone: no semantic rules, no case cap
     start = time.monotonic()
     with pytest.raises(ManifestError, match="max_cases"):
         expand(release)

@@ -18,7 +18,7 @@ from qualify.build import BuildInputError
 from qualify.build.base import BuildResult
 from qualify.build.containers import BuildLog, _build_argv, container_store, manifest_repository, plan_build
 from qualify.executors.container import ContainerExecutor
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 from qualify.manifest_load import ManifestError, load_manifest, load_manifest_text
 from qualify.workloads import protocol
 
@@ -26,7 +26,7 @@ CERT = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----
 
 
 def _release(build: dict[str, Any] | None = None, container: dict[str, Any] | None = None,
-             promotion: dict[str, Any] | None = None) -> Release:
+             promotion: dict[str, Any] | None = None) -> ReleaseManifest:
     doc: dict[str, Any] = {
         "release": {"name": "p", "repository": "127.0.0.1:5000/q/p", "tag": "1", "candidate_tag": "1-rc1"},
         "custom_cases": [{"name": "nap", "kind": "sleep"}],
@@ -37,7 +37,7 @@ def _release(build: dict[str, Any] | None = None, container: dict[str, Any] | No
         doc["execution"] = {"executor": "container", "container": container}
     if promotion is not None:
         doc["promotion"] = promotion
-    return Release.model_validate(doc)
+    return ReleaseManifest.model_validate(doc)
 
 
 def _problems(yaml_text: str) -> list[str]:
@@ -197,7 +197,7 @@ def test_paths_are_not_expanded_and_a_secret_never_reaches_errors_or_logs(tmp_pa
     monkeypatch.setenv("QUALIFY_REGISTRY_PASSWORD", "hunter2-s3cret")
     with pytest.raises(ValidationError, match="build.containerfile"):
         _release(build={"containerfile": "$QUALIFY_REGISTRY_PASSWORD/Containerfile"})
-    # The builder refuses again (a Release that skipped validation).
+    # The builder refuses again (a ReleaseManifest that skipped validation).
     release = _release(build={})
     release = release.model_copy(update={"build": release.build.model_copy(
         update={"containerfile": "${QUALIFY_REGISTRY_PASSWORD}/Containerfile"})})

@@ -16,20 +16,20 @@ from qualify.build.base import (
     BuildInputError,
     BuildResult,
 )
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 
-Builder = Callable[[Release, Path, Path], BuildResult]
+Builder = Callable[[ReleaseManifest, Path, Path], BuildResult]
 
 # The one place a builder is registered (its name is what build.builder says in a manifest).
 BUILDERS: dict[str, Builder] = {"local": local.build, **containers.BUILDERS}
 
 
-def build_candidate(release: Release, *, data_dir: Path, manifest_dir: Path) -> BuildResult:
+def build_candidate(manifest: ReleaseManifest, *, data_dir: Path, manifest_dir: Path) -> BuildResult:
     """Dispatch on build.builder. manifest_dir resolves relative containerfile/context paths."""
-    name = release.build.builder
+    name = manifest.build.builder
     if name not in BUILDERS:
         raise BuilderUnavailable(f"builder {name!r} is not available in this installation")
-    return BUILDERS[name](release, data_dir, manifest_dir)
+    return BUILDERS[name](manifest, data_dir, manifest_dir)
 
 
 __all__ = ["BUILDERS", "BuildError", "BuildInputError", "BuildResult", "BuilderUnavailable", "build_candidate"]

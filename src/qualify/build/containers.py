@@ -14,7 +14,7 @@ Each builder is ``(release, data_dir, manifest_dir) -> BuildResult``. A build:
    CA bundle (``build.ca_bundle``) mounted into RUN steps only, never baked in; RUN steps get
    no network (``--network none``) unless the manifest says ``build.network: host`` (a package
    index), which the build log and the BuildResult record;
-3. tags the candidate ``{release.repository}:{candidate_tag}`` and pushes it there (plain
+3. tags the candidate ``{manifest.repository}:{candidate_tag}`` and pushes it there (plain
    HTTP only for loopback registries and ``promotion.insecure_registries``);
 4. records the digest the registry reports (``--digestfile``), checked with ``skopeo inspect``.
 
@@ -48,7 +48,7 @@ from qualify.build.base import (
     BuildResult,
 )
 from qualify.imageref import InvalidReference, parse_reference
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError
 from qualify.registry.transport import plain_http
 from qualify.settings import Settings
@@ -294,12 +294,12 @@ def _inside(path: Path, folder: Path) -> bool:
 class _Confinement:
     """Build paths must stay in the manifest's repository or a host path the manifest names."""
 
-    def __init__(self, release: Release, manifest_dir: Path, log: "BuildLog") -> None:
+    def __init__(self, manifest: ReleaseManifest, manifest_dir: Path, log: "BuildLog") -> None:
         self.manifest_dir = Path(manifest_dir)
         self.root = manifest_repository(manifest_dir)
         self.log = log
         self.allowed: list[Path] = []
-        for i, host in enumerate(release.build.host_paths):
+        for i, host in enumerate(manifest.build.host_paths):
             resolved = Path(host.path).resolve()
             if resolved == Path(resolved.anchor):
                 raise log.fail(f"build.host_paths[{i}] {host.path!r} resolves to {resolved}: the whole file "
@@ -338,20 +338,20 @@ def pin_arg_name(component_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", component_name).strip("_").upper() + "_VERSION"
 
 
-def component_pins(release: Release) -> dict[str, str]:
+def component_pins(manifest: ReleaseManifest) -> dict[str, str]:
     """Exact/public package pins of the manifest as build arguments (TORCH_VERSION=2.13.0)."""
     pins: dict[str, str] = {}
-    for component in release.components:
+    for component in manifest.components:
         if component.source == "package" and component.match in ("exact", "public"):
             pins[pin_arg_name(component.name)] = component.expected
     return pins
 
 
-def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan:
-    spec = release.build
+def plan_build(manifest: ReleaseManifest, manifest_dir: Path, log: BuildLog) -> BuildPlan:
+    spec = manifest.build
     if not spec.containerfile:
         raise log.fail(f"builder {spec.builder!r} needs build.containerfile", error=BuildInputError)
-    confine = _Confinement(release, manifest_dir, log)
+    confine = _Confinement(manifest, manifest_dir, log)
     containerfile = confine.path(spec.containerfile, "build.containerfile")
     if not containerfile.is_file():
         raise log.fail(f"Containerfile {containerfile} not found (build.containerfile "
@@ -359,7 +359,7 @@ def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan
     context = confine.path(spec.context, "build.context") if spec.context else containerfile.parent
     if not context.is_dir():
         raise log.fail(f"build context {context} is not a directory (build.context {spec.context!r})", error=BuildInputError)
-    args = component_pins(release)
+    args = component_pins(manifest)
     contexts: dict[str, str] = {}
     for name, value in spec.build_args.items():
         if name.startswith(CONTEXT_ARG_PREFIX):
@@ -383,7 +383,7 @@ def plan_build(release: Release, manifest_dir: Path, log: BuildLog) -> BuildPlan
         problem = check_ca_bundle(ca_bundle)
         if problem:
             raise log.fail(f"build.ca_bundle {ca_bundle} {problem}", error=BuildInputError)
-    return BuildPlan(containerfile, context, args, contexts, ca_bundle, release.candidate_reference,
+    return BuildPlan(containerfile, context, args, contexts, ca_bundle, manifest.candidate_reference,
                      network=spec.network, opt_ins=tuple(spec.opt_in_notes()))
 
 
@@ -441,27 +441,27 @@ def _check_local_bases(tool: str, store: ContainerStore, plan: BuildPlan, log: B
 # --------------------------------------------------------------------------- builders
 
 
-def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
-    log = BuildLog(data_dir, release.release.name)
-    plan = plan_build(release, manifest_dir, log)
+def _oci_build(tool: str, manifest: ReleaseManifest, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    log = BuildLog(data_dir, manifest.release.name)
+    plan = plan_build(manifest, manifest_dir, log)
     why = engine_available(tool)
     if why:
         raise log.fail(f"builder {tool!r} cannot run: {why}", error=BuilderUnavailable)
     store = container_store()
     env = store.env()
     _check_local_bases(tool, store, plan, log)
-    deadline = time.monotonic() + release.build.timeout_s
-    insecure = allowed_insecure(release)
+    deadline = time.monotonic() + manifest.build.timeout_s
+    insecure = allowed_insecure(manifest)
     _log_network(log, plan)
     with tempfile.TemporaryDirectory(prefix="qualify-build-") as tmp:
         iidfile, digestfile = Path(tmp) / "iid", Path(tmp) / "digest"
-        log.run(_build_argv(tool, store, plan, iidfile), env=env, timeout_s=release.build.timeout_s,
+        log.run(_build_argv(tool, store, plan, iidfile), env=env, timeout_s=manifest.build.timeout_s,
                 what=f"{tool} build of {plan.containerfile}", deadline=deadline)
         image_id = iidfile.read_text().strip() if iidfile.exists() else ""
         log.write(f"# image id {image_id}")
         push = [tool, *store.global_args(tool), "push", "--digestfile", str(digestfile),
                 *tls_args(plan.target, insecure), plan.target, f"docker://{plan.target}"]
-        log.run(push, env=env, timeout_s=release.build.timeout_s, what=f"push to {plan.target}",
+        log.run(push, env=env, timeout_s=manifest.build.timeout_s, what=f"push to {plan.target}",
                 deadline=deadline)
         pushed = digestfile.read_text().strip() if digestfile.exists() else ""
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", pushed):
@@ -469,9 +469,9 @@ def _oci_build(tool: str, release: Release, data_dir: Path, manifest_dir: Path) 
     reported = registry_digest(plan.target, log, insecure=insecure)
     if reported != pushed:
         raise log.fail(f"the registry reports {reported} for {plan.target}, but the push wrote {pushed}")
-    repository = release.release.repository
+    repository = manifest.release.repository
     log.write(f"# candidate {repository}@{pushed}")
-    return BuildResult(repository=repository, tag=release.release.candidate_tag, digest=pushed,
+    return BuildResult(repository=repository, tag=manifest.release.candidate_tag, digest=pushed,
                        builder=tool, image_ref=f"{repository}@{pushed}", log_path=str(log.path),
                        log_tail=log.tail(), network=plan.network, opt_ins=plan.opt_ins)
 
@@ -486,13 +486,13 @@ def _log_network(log: BuildLog, plan: BuildPlan) -> None:
         log.write(f"# opt-in: {note}")
 
 
-def allowed_insecure(release: Release) -> list[str]:
+def allowed_insecure(manifest: ReleaseManifest) -> list[str]:
     """promotion.insecure_registries that may really be reached over plain HTTP: loopback ones, and
     others only with their opt-in (the manifest's validation says the same; checked again here)."""
     from qualify.registry.transport import is_loopback
 
-    granted = {o.registry.strip().rstrip("/") for o in release.promotion.opt_ins}
-    return [r for r in release.promotion.insecure_registries
+    granted = {o.registry.strip().rstrip("/") for o in manifest.promotion.opt_ins}
+    return [r for r in manifest.promotion.insecure_registries
             if is_loopback(r.strip().rstrip("/")) or r.strip().rstrip("/") in granted]
 
 
@@ -507,23 +507,23 @@ def registry_digest(reference: str, log: BuildLog, *, insecure: Iterable[str] = 
         raise log.fail(f"cannot resolve {reference}: {exc}") from None
 
 
-def build_buildah(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
-    return _oci_build("buildah", release, data_dir, manifest_dir)
+def build_buildah(manifest: ReleaseManifest, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    return _oci_build("buildah", manifest, data_dir, manifest_dir)
 
 
-def build_podman(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
-    return _oci_build("podman", release, data_dir, manifest_dir)
+def build_podman(manifest: ReleaseManifest, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    return _oci_build("podman", manifest, data_dir, manifest_dir)
 
 
-def build_docker(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
+def build_docker(manifest: ReleaseManifest, data_dir: Path, manifest_dir: Path) -> BuildResult:
     """docker build (BuildKit) + docker push, only where a Docker engine answers."""
-    log = BuildLog(data_dir, release.release.name)
+    log = BuildLog(data_dir, manifest.release.name)
     why = engine_available("docker")
     if why:
         raise log.fail(f"builder 'docker' cannot run: {why}. Use builder 'buildah' or 'podman' "
                        "(daemonless), or start a Docker engine.", error=BuilderUnavailable)
-    plan = plan_build(release, manifest_dir, log)
-    deadline = time.monotonic() + release.build.timeout_s
+    plan = plan_build(manifest, manifest_dir, log)
+    deadline = time.monotonic() + manifest.build.timeout_s
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     _log_network(log, plan)
     argv = ["docker", "build", "--network", plan.network_flag, "--file", str(plan.containerfile), "--tag",
@@ -537,32 +537,32 @@ def build_docker(release: Release, data_dir: Path, manifest_dir: Path) -> BuildR
         # a Containerfile reads it with RUN --mount=type=secret,id=ca_bundle.
         argv += ["--secret", f"id=ca_bundle,src={plan.ca_bundle}", "--build-arg", "PIP_CERT=/run/secrets/ca_bundle"]
     argv.append(str(plan.context))
-    log.run(argv, env=env, timeout_s=release.build.timeout_s, what=f"docker build of {plan.containerfile}",
+    log.run(argv, env=env, timeout_s=manifest.build.timeout_s, what=f"docker build of {plan.containerfile}",
             deadline=deadline)
-    output = log.run(["docker", "push", plan.target], env=env, timeout_s=release.build.timeout_s,
+    output = log.run(["docker", "push", plan.target], env=env, timeout_s=manifest.build.timeout_s,
                      what=f"docker push {plan.target}", deadline=deadline)
     m = re.findall(r"digest: (sha256:[0-9a-f]{64})", output)
-    insecure = allowed_insecure(release)
+    insecure = allowed_insecure(manifest)
     reported = registry_digest(plan.target, log, insecure=insecure)
     if m and m[-1] != reported:
         raise log.fail(f"the registry reports {reported} for {plan.target}, but docker push printed {m[-1]}")
-    repository = release.release.repository
-    return BuildResult(repository=repository, tag=release.release.candidate_tag, digest=reported,
+    repository = manifest.release.repository
+    return BuildResult(repository=repository, tag=manifest.release.candidate_tag, digest=reported,
                        builder="docker", image_ref=f"{repository}@{reported}", log_path=str(log.path),
                        log_tail=log.tail(), network=plan.network, opt_ins=plan.opt_ins)
 
 
-def build_prebuilt(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
+def build_prebuilt(manifest: ReleaseManifest, data_dir: Path, manifest_dir: Path) -> BuildResult:
     """Nothing is built: resolve build.reference to the digest its registry reports."""
-    log = BuildLog(data_dir, release.release.name)
-    reference = release.build.reference
+    log = BuildLog(data_dir, manifest.release.name)
+    reference = manifest.build.reference
     if not reference:
         raise log.fail("builder 'prebuilt' needs build.reference", error=BuildInputError)
     try:
         ref = parse_reference(reference)
     except InvalidReference as exc:
         raise log.fail(str(exc)) from None
-    digest = registry_digest(reference, log, insecure=allowed_insecure(release))
+    digest = registry_digest(reference, log, insecure=allowed_insecure(manifest))
     if ref.digest and ref.digest != digest:
         raise log.fail(f"{reference}: the registry reports digest {digest}")
     log.write(f"# prebuilt {ref.name}@{digest}")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from qualify.build.base import BuildError, BuildInputError, BuildResult
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 
 _LIST_PACKAGES = (
     "import importlib.metadata as m, json, platform;"
@@ -37,12 +37,12 @@ def environment_digest(python: str) -> tuple[str, dict]:
     return "sha256:" + hashlib.sha256(canonical).hexdigest(), listing
 
 
-def build(release: Release, data_dir: Path, manifest_dir: Path) -> BuildResult:
-    python = release.build.python or sys.executable
-    if release.build.python and not Path(python).is_absolute():
+def build(manifest: ReleaseManifest, data_dir: Path, manifest_dir: Path) -> BuildResult:
+    python = manifest.build.python or sys.executable
+    if manifest.build.python and not Path(python).is_absolute():
         python = str((manifest_dir / python).resolve())
     digest, listing = environment_digest(python)
-    return BuildResult(repository=release.release.repository, tag=release.release.candidate_tag, digest=digest,
+    return BuildResult(repository=manifest.release.repository, tag=manifest.release.candidate_tag, digest=digest,
                        builder="local", image_ref=None, python=python,
                        log_tail=f"local environment {python}: {len(listing['packages'])} packages, "
                                 f"Python {listing['python']}")

@@ -24,15 +24,15 @@ def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> 
             problems.extend(exc.kept)
             total += exc.total
             continue
-        rel = loaded.release
-        cases = expand(rel)
+        manifest = loaded.release
+        cases = expand(manifest)
         n_train = sum(c.kind == "train" for c in cases)
         n_infer = sum(c.kind == "infer" for c in cases)
-        out.print(f"[green]ok[/green] {path}: {rel.release.name} {rel.release.tag} "
-                  f"(candidate {rel.release.candidate_tag}, previous {rel.release.previous_tag or 'none'})")
-        out.print(f"   {len(rel.components)} components, {n_train} training cases, {n_infer} inference cases"
+        out.print(f"[green]ok[/green] {path}: {manifest.release.name} {manifest.release.tag} "
+                  f"(candidate {manifest.release.candidate_tag}, previous {manifest.release.previous_tag or 'none'})")
+        out.print(f"   {len(manifest.components)} components, {n_train} training cases, {n_infer} inference cases"
                   + (f", {len(cases) - n_train - n_infer} other cases" if len(cases) > n_train + n_infer else ""))
-        targets = rel.expanded_targets()
+        targets = manifest.expanded_targets()
         out.print(f"   {len(targets)} promotion targets" + (":" if targets else ""))
         for target in targets:
             out.print(f"     {target.name}: {target.reference}", markup=False, highlight=False)

@@ -18,7 +18,7 @@ from qualify.cases import expand
 from qualify.errors import BadInput
 from qualify.gate.checks import ComponentData, ResultData
 from qualify.gate.evaluate import Judgement, evaluate
-from qualify.manifest import Release
+from qualify.manifest import ReleaseManifest
 from qualify.manifest_load import ManifestError, policy_sha256
 from qualify.store import repo
 from qualify.store.models import GateDecision, Run
@@ -34,10 +34,10 @@ class Evaluation:
     decision: GateDecision | None  # None for a dry evaluation
     judgement: Judgement
     baseline_run_id: int | None
-    release: Release
+    manifest: ReleaseManifest
 
 
-def stored_release(run: Run) -> Release:
+def stored_release(run: Run) -> ReleaseManifest:
     try:
         loaded = repo.run_manifest(run)
     except ManifestError as exc:
@@ -56,30 +56,30 @@ def evaluate_run(session: Session, run_id: int, *, today: dt.date | None = None,
     run = repo.get_run(session, run_id)
     if run is None:
         raise GateError(f"no run {run_id}")
-    release = stored_release(run)
-    cases = expand(release)
+    manifest = stored_release(run)
+    cases = expand(manifest)
     results = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, run.id)}
     components = [ComponentData.from_row(c) for c in repo.component_checks(session, run.id)]
-    previous = release.release.previous_tag
-    base_run = repo.baseline_run(session, release.release.repository, previous)
+    previous = manifest.release.previous_tag
+    base_run = repo.baseline_run(session, manifest.release.repository, previous)
     if base_run is not None and base_run.id == run.id:
         base_run = None
     baseline: dict[str, ResultData] | None = None
     label = ""
     if base_run is not None:
         baseline = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, base_run.id)}
-        label = f"run {base_run.id} of {release.release.repository}:{previous}"
+        label = f"run {base_run.id} of {manifest.release.repository}:{previous}"
     elif previous:
-        label = (f"{release.release.repository}:{previous} has no run whose latest decision is PASS "
+        label = (f"{manifest.release.repository}:{previous} has no run whose latest decision is PASS "
                  "(check release.previous_tag and release.repository)")
-    judgement = evaluate(release.gate, cases, results, components, baseline,
-                         today=today or dt.date.today(), expected_components=release.components,
+    judgement = evaluate(manifest.gate, cases, results, components, baseline,
+                         today=today or dt.date.today(), expected_components=manifest.components,
                          baseline_label=label, previous_named=bool(previous))
     decision = None
     if record:
         decision = repo.record_decision(session, run, judgement.verdict, judgement.reason_dicts(),
-                                        policy_sha256(release), base_run.id if base_run else None)
-    return Evaluation(run.id, decision, judgement, base_run.id if base_run else None, release)
+                                        policy_sha256(manifest), base_run.id if base_run else None)
+    return Evaluation(run.id, decision, judgement, base_run.id if base_run else None, manifest)
 
 
 def evaluate_and_commit(session_factory: Callable[[], Session], run_id: int, *,
