@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
 from qualify.report_html import write_report
-from qualify.reporting import artifact_key, results_table, run_detail, summary_markdown
+from qualify.reporting import artifact_key, report_view, results_table, summary_markdown
 
 
 def _key(ctx: pipeline.RunContext, what: str) -> str:
@@ -25,7 +25,7 @@ def progress_artifact_task(ctx: pipeline.RunContext, done: int, total: int) -> s
 def publish_report_task(ctx: pipeline.RunContext) -> str:
     """Write the HTML report and the results/summary artifacts; returns the report's path."""
     with ctx.sessions() as session:
-        detail = run_detail(session, ctx.run_id)
+        detail = report_view(session, ctx.run_id)
     assert detail is not None
     report = str(write_report(detail, ctx.data_dir / "reports"))
     create_table_artifact(results_table(detail), key=_key(ctx, "results"),

@@ -13,6 +13,7 @@ from qualify.cli.common import QualifyGroup
 from qualify.cli.db import db_app
 from qualify.cli.gate import gate_app
 from qualify.cli.promote import promote
+from qualify.cli.report import report
 from qualify.cli.run import run
 from qualify.cli.runs import runs_app
 
@@ -22,6 +23,7 @@ app.command()(manifests.validate)
 app.command()(manifests.cases)
 app.command("run")(run)
 app.command("promote")(promote)
+app.command("report")(report)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")
 app.add_typer(gate_app, name="gate")
