@@ -117,7 +117,7 @@ def _run_of_tag(session: Session, repository: str, tag: str) -> ResolvedRun:
                          .order_by(Run.id.desc()).limit(1))
     if run is None:
         raise BadInput(f"{repository}:{tag} has no finished run")
-    return describe_run(session, run, f"newest finished run of {tag} (it has no PASS run)")
+    return describe_run(session, run, f"newest finished run of {tag}; it has no PASS run")
 
 
 # --------------------------------------------------------------------------- one metric

@@ -10,6 +10,7 @@ import typer
 
 from qualify.cli import manifests
 from qualify.cli.common import QualifyGroup
+from qualify.cli.compare import compare, history
 from qualify.cli.db import db_app
 from qualify.cli.gate import gate_app
 from qualify.cli.promote import promote
@@ -24,6 +25,8 @@ app.command()(manifests.cases)
 app.command("run")(run)
 app.command("promote")(promote)
 app.command("report")(report)
+app.command("compare")(compare)
+app.command("history")(history)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")
 app.add_typer(gate_app, name="gate")
