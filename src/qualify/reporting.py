@@ -133,23 +133,44 @@ def results_table(detail: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def summary_markdown(detail: dict[str, Any], report_path: str) -> str:
-    """The verdict, every check's reason, the components that differ, and where the HTML report is."""
+    """The verdict, then what failed or is incomplete (first, where the eye lands), what was waived, the
+    components that differ, where the HTML report is, and only then the checks that passed."""
+    from pathlib import Path
+
     decision = detail["decisions"][-1] if detail["decisions"] else None
     verdict = decision["verdict"] if decision else "no decision"
     lines = [f"# {detail['release']} run {detail['run']}: **{verdict}**", "",
              f"candidate `{detail['digest'] or 'n/a'}`, {len(detail['cases'])} cases, "
              f"{sum(c['status'] == 'passed' for c in detail['cases'])} passed", ""]
-    if detail["stage_seconds"]:
-        lines.append("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in detail["stage_seconds"].items()))
-        lines.append("")
+    report = Path(report_path)
+    uri = (report if report.is_absolute() else report.resolve()).as_uri()
+    lines += [f"HTML report (tables and charts): [{report.name}]({uri}) at `{report_path}`", ""]
+
+    def table(reasons: list[dict[str, Any]]) -> list[str]:
+        return (["| status | check | reason |", "|---|---|---|"]
+                + [f"| {r['status']} | {r['check']} | {r['message'].replace('|', '/')} |" for r in reasons] + [""])
+
+    groups = reasons_by_status(decision["reasons"]) if decision else {}
+    attention = (groups.get("FAIL") or []) + (groups.get("INCOMPLETE") or [])
     if decision:
-        lines += ["| status | check | reason |", "|---|---|---|"]
-        lines += [f"| {r['status']} | {r['check']} | {r['message'].replace('|', '/')} |" for r in decision["reasons"]]
+        if attention:
+            lines += [f"## Needs attention: {len(groups.get('FAIL') or [])} failed, "
+                      f"{len(groups.get('INCOMPLETE') or [])} incomplete", ""] + table(attention)
+        else:
+            lines += ["No check failed and none is incomplete.", ""]
+        if groups.get("WAIVED"):
+            lines += [f"## Waived ({len(groups['WAIVED'])})", ""] + table(groups["WAIVED"])
+        if groups.get("NO-BASELINE"):
+            lines += ["## Not compared with a baseline", ""] + table(groups["NO-BASELINE"])
     bad = [c for c in detail["components"] if not c["ok"]]
-    lines += ["", f"components: {len(detail['components']) - len(bad)}/{len(detail['components'])} as expected"]
+    lines += [f"components: {len(detail['components']) - len(bad)}/{len(detail['components'])} as expected"]
     lines += [f"- {c['name']}: expected {c['expected']} ({c['rule']}), found {c['actual'] or 'nothing'}" for c in bad]
-    lines += ["", f"HTML report: `{report_path}`"]
-    return "\n".join(lines)
+    lines.append("")
+    if detail.get("stage_seconds"):
+        lines += ["stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in detail["stage_seconds"].items()), ""]
+    if groups.get("PASS"):
+        lines += [f"## Passed checks ({len(groups['PASS'])})", ""] + table(groups["PASS"])
+    return "\n".join(lines).rstrip() + "\n"
 
 
 # --------------------------------------------------------------------------- the HTML report's view
