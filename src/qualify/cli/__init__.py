@@ -17,6 +17,7 @@ from qualify.cli.promote import promote
 from qualify.cli.report import report
 from qualify.cli.run import run
 from qualify.cli.runs import runs_app
+from qualify.cli.serve import serve
 
 app = typer.Typer(cls=QualifyGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Qualify ML container images before their tags are published.")
@@ -27,6 +28,7 @@ app.command("promote")(promote)
 app.command("report")(report)
 app.command("compare")(compare)
 app.command("history")(history)
+app.command("serve")(serve)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")
 app.add_typer(gate_app, name="gate")
