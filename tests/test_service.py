@@ -51,6 +51,33 @@ def test_gate_answers_with_the_rules_of_gate_check(db_url: str, sessions) -> Non
     assert api.get("/v1/gate").status_code == 422  # the parameter is required
 
 
+def test_a_new_decision_changes_the_answer_at_once(sessions) -> None:
+    """Answers are cached, but only while the digest's newest decision is the one they were computed from."""
+    from qualify.store import repo
+
+    line = seed_release_line(sessions)
+    api = client_for(sessions)
+    ref = {"ref": f"{REPOSITORY}@{line.digest_a}"}
+    assert [api.get("/v1/gate", params=ref).json()["verdict"] for _ in range(3)] == ["PASS"] * 3
+    with sessions() as s:
+        run = repo.get_run(s, line.run_a)
+        later = repo.record_decision(s, run, "FAIL", [{"check": "regression", "case_id": None, "status": "FAIL",
+                                                       "message": "judged again", "figures": {}}], "0" * 64, None)
+        s.commit()
+        later_id = later.id
+    now = api.get("/v1/gate", params=ref).json()
+    assert (now["verdict"], now["ok"], now["decision"]) == ("FAIL", False, later_id)
+    assert now["overrides_pass_decision"] is not None
+    never = {"ref": f"{REPOSITORY}@sha256:{'5' * 64}"}
+    assert api.get("/v1/gate", params=never).status_code == 404
+    with sessions() as s:
+        run = repo.get_run(s, line.run_a)
+        run.candidate_digest = "sha256:" + "5" * 64
+        repo.record_decision(s, run, "PASS", [], "0" * 64, None)
+        s.commit()
+    assert api.get("/v1/gate", params=never).status_code == 200
+
+
 def test_runs_health_and_openapi(sessions) -> None:
     line = seed_release_line(sessions)
     api = client_for(sessions)
