@@ -12,9 +12,13 @@ from qualify.settings import Settings
 
 def prepare_environment(settings: Settings, verbose: bool) -> None:
     """Prefect and Ray read their settings from the environment of this process."""
-    # Ephemeral Prefect logs every task to the console; the CLI shows its own progress.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    # The Prefect API (and so the UI) gets INFO logs of the flow and of every case's task run; the console
+    # shows only warnings, because the CLI draws its own progress line (--verbose shows Prefect's INFO too).
+    # The loggers' level decides what reaches any handler, so it stays INFO, and only the console handler
+    # (Prefect's logging.yml `handlers.console.level`) is raised.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "WARNING")
     # The ephemeral API server takes ~10 s to start, far longer on a loaded 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

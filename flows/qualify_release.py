@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
 from prefect.futures import wait as wait_for_all
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
@@ -37,7 +38,32 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-@flow(name="qualify-release", flow_run_name="qualify {manifest}", log_prints=True)
+def _initial_name() -> str:
+    """`<release>:<tag> run …` while the run opens (renamed with its id right after: _name_flow_run)."""
+    manifest = str((flow_run.parameters or {}).get("manifest") or "")
+    try:
+        from qualify.manifest_load import load_manifest
+
+        rel = load_manifest(manifest).release.release
+        return f"{rel.name}:{rel.tag} run …"
+    except Exception:  # noqa: BLE001 - a bad manifest is reported by open-run; the name is only a label
+        return f"qualify {manifest}"
+
+
+def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> None:
+    """Name the flow run as people look for it in the UI: `<release>:<tag> run <id>` (the run id is known only
+    now that the run is open)."""
+    if not flow_run.id:
+        return
+    name = f"{ctx.release.release.name}:{ctx.release.release.tag} run {ctx.run_id}"
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=name)
+    except Exception as exc:  # noqa: BLE001 - a label; the run goes on
+        logger.warning("the flow run keeps its first name (rename to %r failed: %s)", name, exc)
+
+
+@flow(name="qualify-release", flow_run_name=_initial_name, log_prints=True)
 def qualify_release(manifest: str, ray_address: str | None = None, resume_run: int | None = None,
                     wait: bool = False, promote: bool | None = None, triggered_by: str | None = None,
                     on_progress: Callable[[pipeline.Progress], None] | None = None) -> RunOutcome:
@@ -50,6 +76,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
     except BadInput as exc:
         return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
     ctx.bind_flow_run(str(flow_run.id) if flow_run.id else None)
+    _name_flow_run(ctx, logger)
     ctx.stage("setup", time.monotonic() - started)
     ctx.start_heartbeat()
     if on_progress is not None:

@@ -22,8 +22,9 @@ else
 fi
 
 if [ "$WITH_TEST" = 1 ]; then
-  # System packages for the registry, promotion and container tests (Debian).
-  PKGS=(docker-registry skopeo umoci buildah podman runc debootstrap)
+  # System packages for the registry, promotion and container tests, and the browser that looks at the
+  # HTML report and the Prefect UI (Debian).
+  PKGS=(docker-registry skopeo umoci buildah podman runc debootstrap chromium)
   missing=()
   for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ "${#missing[@]}" -gt 0 ]; then

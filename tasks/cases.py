@@ -23,6 +23,10 @@ def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: st
           f" ({outcome.error_class}: {outcome.error})" if outcome.error_class else "",
           outcome.attempts, outcome.exec_s or 0.0,
           f"{outcome.queue_wait_s:.1f}" if outcome.queue_wait_s is not None else "n/a", outcome.node)
+    if not outcome.passed:
+        tail = _log_tail(ctx, case.case_id)
+        if tail:
+            logger.error("%s: the workload's log, last %d lines:\n%s", case.case_id, len(tail), "\n".join(tail))
     if progress_artifact_id:
         p = ctx.progress
         try:
@@ -31,3 +35,18 @@ def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: st
         except Exception as exc:  # noqa: BLE001 - the dashboard is best effort, results are in the DB
             logger.warning("progress artifact not updated: %s", exc)
     return outcome
+
+
+def _log_tail(ctx: pipeline.RunContext, case_id: str, lines: int = 40) -> list[str]:
+    """The last lines of the workload's log as recorded with the result (the database keeps 8000 characters)."""
+    from sqlalchemy import select
+
+    from qualify.store.models import CaseResult
+
+    try:
+        with ctx.sessions() as session:
+            text = session.scalar(select(CaseResult.log_tail).where(CaseResult.run_id == ctx.run_id,
+                                                                    CaseResult.case_id == case_id))
+    except Exception:  # noqa: BLE001 - the log is a convenience; the result is already recorded
+        return []
+    return (text or "").rstrip().splitlines()[-lines:]

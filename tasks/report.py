@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
+from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
+                               create_table_artifact)
 from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
 from qualify.report_html import write_report
-from qualify.reporting import artifact_key, results_table, run_detail, summary_markdown
+from qualify.reporting import artifact_key, report_view, results_table, summary_markdown
 
 
 def _key(ctx: pipeline.RunContext, what: str) -> str:
@@ -25,11 +26,14 @@ def progress_artifact_task(ctx: pipeline.RunContext, done: int, total: int) -> s
 def publish_report_task(ctx: pipeline.RunContext) -> str:
     """Write the HTML report and the results/summary artifacts; returns the report's path."""
     with ctx.sessions() as session:
-        detail = run_detail(session, ctx.run_id)
+        detail = report_view(session, ctx.run_id)
     assert detail is not None
-    report = str(write_report(detail, ctx.data_dir / "reports"))
-    create_table_artifact(results_table(detail), key=_key(ctx, "results"),
-                          description=f"run {ctx.run_id} case results ({detail['release']})")
+    path = write_report(detail, ctx.data_dir / "reports").resolve()
+    report = str(path)
     create_markdown_artifact(summary_markdown(detail, report), key=_key(ctx, "summary"),
-                             description=f"verdict of run {ctx.run_id}")
+                             description=f"verdict of run {ctx.run_id}, failures first; HTML report {report}")
+    create_table_artifact(results_table(detail), key=_key(ctx, "results"),
+                          description=f"run {ctx.run_id} case results ({detail['release']}); HTML report {report}")
+    create_link_artifact(path.as_uri(), link_text=f"HTML report of run {ctx.run_id} ({path.name})",
+                         key=_key(ctx, "report"), description=f"where the report of run {ctx.run_id} was written")
     return report

@@ -1,4 +1,4 @@
-"""Plain-data views of runs for the CLI (`runs list/show`) and the Prefect artifacts."""
+"""Plain-data views of runs for the CLI (`runs list/show`, `report`), the HTML report and the Prefect artifacts."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         "cases": [
             {"case_id": r.case_id, "kind": r.kind, "model": r.model, "variant": r.variant, "status": r.status,
              "error_class": r.error_class, "error": r.error, "metrics": r.metrics, "probes": r.probes,
-             "samples": r.samples,
+             "samples": r.samples, "environment": r.environment, "log_tail": r.log_tail,
              "key_metrics": key_metrics(r), "attempts": r.attempts, "queue_wait_s": r.queue_wait_s,
              "exec_s": r.exec_s, "node": r.node}
             for r in sorted(repo.case_results(session, run.id),
@@ -133,20 +133,102 @@ def results_table(detail: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def summary_markdown(detail: dict[str, Any], report_path: str) -> str:
-    """The verdict, every check's reason, the components that differ, and where the HTML report is."""
+    """The verdict, then what failed or is incomplete (first, where the eye lands), what was waived, the
+    components that differ, where the HTML report is, and only then the checks that passed."""
+    from pathlib import Path
+
     decision = detail["decisions"][-1] if detail["decisions"] else None
     verdict = decision["verdict"] if decision else "no decision"
     lines = [f"# {detail['release']} run {detail['run']}: **{verdict}**", "",
              f"candidate `{detail['digest'] or 'n/a'}`, {len(detail['cases'])} cases, "
              f"{sum(c['status'] == 'passed' for c in detail['cases'])} passed", ""]
-    if detail["stage_seconds"]:
-        lines.append("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in detail["stage_seconds"].items()))
-        lines.append("")
+    report = Path(report_path)
+    uri = (report if report.is_absolute() else report.resolve()).as_uri()
+    lines += [f"HTML report (tables and charts): [{report.name}]({uri}) at `{report_path}`", ""]
+
+    def table(reasons: list[dict[str, Any]]) -> list[str]:
+        return (["| status | check | reason |", "|---|---|---|"]
+                + [f"| {r['status']} | {r['check']} | {r['message'].replace('|', '/')} |" for r in reasons] + [""])
+
+    groups = reasons_by_status(decision["reasons"]) if decision else {}
+    attention = (groups.get("FAIL") or []) + (groups.get("INCOMPLETE") or [])
     if decision:
-        lines += ["| status | check | reason |", "|---|---|---|"]
-        lines += [f"| {r['status']} | {r['check']} | {r['message'].replace('|', '/')} |" for r in decision["reasons"]]
+        if attention:
+            lines += [f"## Needs attention: {len(groups.get('FAIL') or [])} failed, "
+                      f"{len(groups.get('INCOMPLETE') or [])} incomplete", ""] + table(attention)
+        else:
+            lines += ["No check failed and none is incomplete.", ""]
+        if groups.get("WAIVED"):
+            lines += [f"## Waived ({len(groups['WAIVED'])})", ""] + table(groups["WAIVED"])
+        if groups.get("NO-BASELINE"):
+            lines += ["## Not compared with a baseline", ""] + table(groups["NO-BASELINE"])
     bad = [c for c in detail["components"] if not c["ok"]]
-    lines += ["", f"components: {len(detail['components']) - len(bad)}/{len(detail['components'])} as expected"]
+    lines += [f"components: {len(detail['components']) - len(bad)}/{len(detail['components'])} as expected"]
     lines += [f"- {c['name']}: expected {c['expected']} ({c['rule']}), found {c['actual'] or 'nothing'}" for c in bad]
-    lines += ["", f"HTML report: `{report_path}`"]
-    return "\n".join(lines)
+    lines.append("")
+    if detail.get("stage_seconds"):
+        lines += ["stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in detail["stage_seconds"].items()), ""]
+    if groups.get("PASS"):
+        lines += [f"## Passed checks ({len(groups['PASS'])})", ""] + table(groups["PASS"])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------- the HTML report's view
+
+
+STATUS_ORDER = ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "PASS")
+
+
+def policy_view(run: Run) -> dict[str, Any] | None:
+    """The gate policy stored with the run (None when its manifest cannot be read back)."""
+    from qualify.manifest_load import ManifestError
+
+    try:
+        release = repo.run_manifest(run).release
+    except ManifestError:
+        return None
+    gate = release.gate.model_dump(mode="json")
+    gate["previous_tag"] = release.release.previous_tag
+    gate["repository"] = release.release.repository
+    return gate
+
+
+def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
+    """Everything the HTML report shows: the run's detail, its stored policy, and the comparison with the
+    baseline run the gate used (per case and metric, with the gate's rule: qualify.comparison)."""
+    from qualify.comparison import compare_runs, describe_run
+
+    detail = run_detail(session, run_id)
+    if detail is None:
+        return None
+    run = repo.get_run(session, run_id)
+    assert run is not None
+    detail["policy"] = policy_view(run)
+    decision = detail["decisions"][-1] if detail["decisions"] else None
+    detail["baseline"] = None
+    detail["baseline_note"] = None
+    base_id = decision["baseline_run_id"] if decision else None
+    base_run = repo.get_run(session, base_id) if base_id else None
+    if base_run is not None:
+        comparison = compare_runs(session, describe_run(session, base_run, "the baseline run the gate used"),
+                                  describe_run(session, run, "this run"))
+        view = comparison.to_dict()
+        gate_status = {(r.get("case_id"), (r.get("figures") or {}).get("metric")): r["status"]
+                       for r in decision["reasons"] if r["check"] == "regression"} if decision else {}
+        for row in view["rows"]:
+            row["gate_status"] = gate_status.get((row["case_id"], row["metric"]))
+        detail["baseline"] = view
+    elif decision:
+        notes = [r["message"] for r in decision["reasons"] if r["check"] == "regression" and not r.get("case_id")]
+        detail["baseline_note"] = notes[0] if notes else "the gate compared with no baseline run"
+    else:
+        detail["baseline_note"] = "the run has no gate decision yet"
+    return detail
+
+
+def reasons_by_status(reasons: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Reasons grouped FAIL, INCOMPLETE, WAIVED, NO-BASELINE, PASS (what needs attention first)."""
+    out: dict[str, list[dict[str, Any]]] = {s: [] for s in STATUS_ORDER}
+    for reason in reasons:
+        out.setdefault(reason["status"], []).append(reason)
+    return out

@@ -24,7 +24,13 @@ ENVIRONMENT = {
     "QUALIFY_RAY_TEMP": "ray_temp_dir",
     "QUALIFY_ACTOR": "actor",
     "QUALIFY_DEBUG": "debug",
+    # the gating service (`qualify serve`)
+    "QUALIFY_SERVICE_TOKEN": "service_token",
+    "QUALIFY_PROTECT": "protect",
+    "QUALIFY_ENFORCE": "enforce",
+    "QUALIFY_INSECURE_REGISTRIES": "insecure_registries",
 }
+ENFORCE_MODES = ("off", "revert", "delete")
 CREDENTIAL_ENVIRONMENT = ("QUALIFY_REGISTRY_USERNAME", "QUALIFY_REGISTRY_PASSWORD", "QUALIFY_REGISTRY_HOST")
 
 
@@ -37,6 +43,16 @@ class Settings:
     ray_temp_dir: Path | None = None  # a local Ray's session files (default: <tmp>/qualify-ray)
     actor: str | None = None  # who promotes (default: the OS user)
     debug: bool = False  # tracebacks for unexpected errors
+    # The gating service's bearer token: every write (the registry webhook) needs it, and every read when the
+    # service listens beyond loopback. Never logged, never in argv (environment only), hidden from repr.
+    service_token: str | None = dataclasses.field(default=None, repr=False)
+    # Protected pushes: "repository-glob:tag-glob" patterns (the repository as host/path or path alone).
+    protect: tuple[tuple[str, str], ...] = ()
+    # What the service does with a push of a digest without PASS to a protected tag: off (record it),
+    # revert (re-point the tag to the previous qualified digest, or delete it when there is none), delete.
+    enforce: str = "off"
+    # Registries reached over plain HTTP (host:port), as --insecure-registry.
+    insecure_registries: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
@@ -68,7 +84,38 @@ def _coerce(name: str, value: object) -> object:
         return Path(str(value)).expanduser()
     if name == "debug":
         return str(value).lower() in ("1", "true", "yes", "on")
+    if name == "protect":
+        return parse_protect(value)
+    if name == "enforce":
+        mode = str(value).strip().lower()
+        if mode not in ENFORCE_MODES:
+            from qualify.errors import BadInput
+
+            raise BadInput(f"QUALIFY_ENFORCE / --enforce {value!r}: one of {', '.join(ENFORCE_MODES)}")
+        return mode
+    if name == "insecure_registries":
+        items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+        return tuple(h.strip() for h in items if h and h.strip())
     return value
+
+
+def parse_protect(value: object) -> tuple[tuple[str, str], ...]:
+    """'repo-glob:tag-glob,...' (or a list of such strings) -> ((repo-glob, tag-glob), ...). A pattern without a
+    tag part protects every tag. The split is at the last ':' after the last '/', so host:port stays whole."""
+    from qualify.errors import BadInput
+
+    items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    out = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        slash = item.rfind("/")
+        colon = item.rfind(":")
+        repo, tag = (item[:colon], item[colon + 1:]) if colon > slash else (item, "*")
+        if not repo or not tag:
+            raise BadInput(f"protected pattern {item!r}: write REPOSITORY-GLOB[:TAG-GLOB], e.g. 'team/*:25.*'")
+        out.append((repo, tag))
+    return tuple(out)
 
 
 def redact_url(url: str) -> str:

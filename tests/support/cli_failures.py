@@ -30,6 +30,7 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     db = f"sqlite:///{tmp_path / 'q.db'}"
     monkeypatch.setenv("QUALIFY_DATABASE_URL", db)
     monkeypatch.setenv("QUALIFY_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("QUALIFY_SERVICE_TOKEN", raising=False)  # `serve --host 0.0.0.0` must refuse, not start
     bad = tmp_path / "bad.yaml"
     bad.write_text("release: {name: x}\n")
     (tmp_path / "unmigrated.db").touch()
@@ -67,6 +68,16 @@ FAILURES = [  # OFFLINE + NETWORK
     (["promote", "424242"], BAD, "no run 424242"),
     (["promote", "{unjudged}", "--force"], BAD, "--reason"),
     (["promote", "{unjudged}"], FAIL, "refused"),
+    (["report", "424242"], BAD, "no run 424242"),
+    (["report", "1", "--db", "{down}"], INFRA, "cannot connect"),
+    (["compare", "9.9", "1.1"], BAD, "no release is tagged '9.9'"),
+    (["compare", "run:x", "1.1"], BAD, "run:<number>"),
+    (["compare", "run:424242", "1.1"], BAD, "no run 424242"),
+    (["history", "train/nope/base"], BAD, "no result for case"),
+    (["history", "train/tiny/base", "--metric", "furlongs"], BAD, "unknown metric"),
+    (["serve", "--host", "0.0.0.0"], BAD, "not loopback"),
+    (["serve", "--enforce", "maybe"], BAD, "off, revert, delete"),
+    (["serve", "--db", "{down}"], INFRA, "cannot connect"),
 ]
 
 

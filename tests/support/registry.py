@@ -2,7 +2,8 @@
 
 * ``registry`` (session): one registry on a free 127.0.0.1 port, filesystem storage in a tmp dir.
 * ``registry_factory`` (function): start more registries (``.stop()`` / ``.start()`` them to
-  simulate an outage; storage survives a restart); all are stopped at teardown.
+  simulate an outage; storage survives a restart; ``notifications=[endpoint, ...]`` adds webhook
+  endpoints to the config); all are stopped at teardown.
 * ``make_image(registry, repo, tag)``: a tiny image written by hand as an OCI layout (one small
   layer tar, a config, a manifest) and pushed with ``skopeo copy``; returns its digest.
 * ``skopeo_digest(ref)``: an independent check, ``skopeo inspect`` of a reference's Digest.
@@ -57,6 +58,8 @@ class RegistryProcess:
     auth: tuple[str, str] | None = None
     # Blob storage (default root/data); a persistent folder lets a test reuse pushed layers.
     storage: Path | None = None
+    # notifications.endpoints of the registry's config (e.g. a webhook on loopback), as dicts
+    notifications: list[dict] | None = None
 
     @property
     def host(self) -> str:
@@ -89,6 +92,8 @@ class RegistryProcess:
             htpasswd = self.root / "htpasswd"
             htpasswd.write_text(f"{self.auth[0]}:{bcrypt_hash(self.auth[1])}\n")
             text += f"auth: {{htpasswd: {{realm: qualify-test, path: {htpasswd}}}}}\n"
+        if self.notifications:
+            text += f"notifications: {json.dumps({'endpoints': self.notifications})}\n"  # JSON is YAML
         config.write_text(text)
         log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=log, stderr=log,
@@ -141,11 +146,12 @@ def bcrypt_hash(password: str) -> str:
     return hashed
 
 
-def _start_with_retry(root: Path, auth: tuple[str, str] | None = None) -> RegistryProcess:
+def _start_with_retry(root: Path, auth: tuple[str, str] | None = None,
+                      notifications: list[dict] | None = None) -> RegistryProcess:
     last: Exception | None = None
     for _ in range(3):  # a free port can be taken between probing and binding
         try:
-            return RegistryProcess(root, auth=auth).start()
+            return RegistryProcess(root, auth=auth, notifications=notifications).start()
         except RuntimeError as exc:
             last = exc
     raise RuntimeError(f"could not start docker-registry: {last}")
@@ -164,8 +170,8 @@ def registry_factory(tmp_path: Path) -> Iterator[Callable[[], RegistryProcess]]:
     _require_tools()
     started: list[RegistryProcess] = []
 
-    def start(auth: tuple[str, str] | None = None) -> RegistryProcess:
-        server = _start_with_retry(tmp_path / f"registry-{len(started)}", auth)
+    def start(auth: tuple[str, str] | None = None, notifications: list[dict] | None = None) -> RegistryProcess:
+        server = _start_with_retry(tmp_path / f"registry-{len(started)}", auth, notifications)
         started.append(server)
         return server
 

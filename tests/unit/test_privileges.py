@@ -16,7 +16,13 @@ from support.paths import REPO
 from qualify import container_policy
 from qualify.build import BuildInputError
 from qualify.build.base import BuildResult
-from qualify.build.containers import BuildLog, _build_argv, container_store, manifest_repository, plan_build
+from qualify.build.containers import (
+    BuildLog,
+    _build_argv,
+    container_store,
+    manifest_repository,
+    plan_build,
+)
 from qualify.executors.container import ContainerExecutor
 from qualify.manifest import ReleaseManifest
 from qualify.manifest_load import ManifestError, load_manifest, load_manifest_text

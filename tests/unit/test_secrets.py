@@ -13,7 +13,12 @@ from qualify.executors.environment import engine_environment, workload_environme
 from qualify.manifest import Component
 from qualify.verify import compare_components, probe_case
 from qualify.workloads import protocol
-from qualify.workloads.secrets import REDACTED, is_secret_name, looks_like_credential, scrub_text
+from qualify.workloads.secrets import (
+    REDACTED,
+    is_secret_name,
+    looks_like_credential,
+    scrub_text,
+)
 
 PASSWORD = "hunter2-s3cret-pw"
 DRIVER_SECRETS = {

@@ -53,14 +53,31 @@ def qualified_repositories(run: Run) -> set[str]:
     names = {_name(run.release.repository)}
     if run.image is not None:
         names.add(_name(run.image.repository))
+    names |= _target_names(run)
+    names.discard(None)
+    return {n for n in names if n}
+
+
+# A run's stored manifest never changes (its sha256 is stored beside it): the promotion targets it names are
+# parsed once per (run, manifest) and remembered, so that a service answering many checks does not re-read it.
+_TARGETS: dict[tuple[int, str], frozenset[str | None]] = {}
+_TARGETS_MAX = 20_000
+
+
+def _target_names(run: Run) -> frozenset[str | None]:
+    key = (run.id, run.manifest_sha256)
+    found = _TARGETS.get(key)
+    if found is not None:
+        return found
     try:
         targets = repo.run_manifest(run).release.expanded_targets()
     except ManifestError:
         targets = []
-    for target in targets:
-        names.add(_name(target.reference))
-    names.discard(None)
-    return {n for n in names if n}
+    found = frozenset(_name(t.reference) for t in targets)
+    if len(_TARGETS) >= _TARGETS_MAX:
+        _TARGETS.clear()
+    _TARGETS[key] = found
+    return found
 
 
 def _name(reference: str) -> str | None:

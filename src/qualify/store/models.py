@@ -37,6 +37,8 @@ RUN_STATUSES = tuple(s.value for s in RunStatus)
 CASE_STATUSES = tuple(s.value for s in CaseStatus)
 VERDICTS = tuple(v.value for v in Verdict)
 PROMOTION_OUTCOMES = ("promoted", "skipped", "failed", "refused", "dry-run")
+# What the gating service did with a registry push to a protected tag (qualify.service.webhook).
+REGISTRY_EVENT_OUTCOMES = ("allowed", "recorded", "enforcing", "reverted", "deleted", "skipped", "failed")
 
 
 class Release(Base):
@@ -191,3 +193,33 @@ class Promotion(Base):
     detail: Mapped[str | None] = mapped_column(Text)
     promoted_by: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RegistryEvent(Base):
+    """A push to a protected repository/tag, as the registry's notification reported it, and what the gating
+    service did about it. Written before any change to the registry (outcome `enforcing`) and updated with
+    the result, so a crash between the two is visible and a redelivered event (same event_id) finishes it."""
+
+    __tablename__ = "registry_events"
+    __table_args__ = (
+        UniqueConstraint("event_id", name="uq_registry_events_event_id"),
+        CheckConstraint(f"outcome IN {REGISTRY_EVENT_OUTCOMES}", name="ck_registry_events_outcome"),
+        Index("ix_registry_events_repository_tag", "repository", "tag", "outcome"),
+        Index("ix_registry_events_digest", "digest"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(128))  # the registry's id: a redelivery is recognised
+    received_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    action: Mapped[str] = mapped_column(String(16))
+    repository: Mapped[str] = mapped_column(String(512))  # registry host/path, as image references name it
+    tag: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(String(160))
+    media_type: Mapped[str | None] = mapped_column(String(128))
+    pushed_by: Mapped[str | None] = mapped_column(String(128))  # the registry's actor, when it has one
+    verdict: Mapped[str | None] = mapped_column(String(16))  # the digest's latest decision; NULL: never judged
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("gate_decisions.id"))
+    outcome: Mapped[str] = mapped_column(String(16))
+    previous_digest: Mapped[str | None] = mapped_column(String(160))  # what the tag was re-pointed to
+    detail: Mapped[str] = mapped_column(Text, default="")
+    decided_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))  # when the outcome was final
