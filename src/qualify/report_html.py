@@ -65,6 +65,14 @@ def _status(status: str | None) -> str:
     return f"<span class='{esc(status or '')}'>{esc(status or 'n/a')}</span>"
 
 
+def _case_status(case: dict[str, Any]) -> str:
+    """A case's status, red when it did not pass (with its error class)."""
+    if case["status"] == "passed":
+        return "passed"
+    text = case["status"] + (f" ({case['error_class']})" if case.get("error_class") else "")
+    return f"<span class='FAIL'>{esc(text)}</span>"
+
+
 def _n(value: Any) -> str:
     return esc(fmt_number(value))
 
@@ -130,20 +138,18 @@ def _gate(decision: dict[str, Any] | None) -> str:
     groups = reasons_by_status(decision["reasons"])
     titles = {"FAIL": "Failed checks", "INCOMPLETE": "Incomplete checks (could not be judged)",
               "WAIVED": "Waived failures", "NO-BASELINE": "Not compared with a baseline"}
-    attention = False
+    if not groups.get("FAIL") and not groups.get("INCOMPLETE"):
+        out.append("<p>No check failed and none is incomplete.</p>")
     for status in ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE"):
         rows = groups.get(status) or []
         if not rows:
             continue
-        attention = attention or status in ("FAIL", "INCOMPLETE")
         out.append(f"<h3 class='{esc(status)}' id='checks-{esc(status.lower())}'>{esc(titles[status])} "
                    f"({len(rows)})</h3>")
         out.append(_table(["status", "check", "case", "reason"],
                           [[_status(r["status"]), esc(r["check"]), esc(r.get("case_id") or "run"),
                             esc(r["message"])] for r in rows],
                           row_classes=["bad" if status == "FAIL" else "" for _ in rows]))
-    if not attention:
-        out.append("<p>No check failed and none is incomplete.</p>")
     passes = groups.get("PASS") or []
     if passes:
         out.append(f"<details><summary>{len(passes)} passed checks</summary>")
@@ -210,7 +216,7 @@ def _training(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
         gain = (f"{_pct(fig['gain'])} [{_pct(fig.get('gain_low'))} .. {_pct(fig.get('gain_high'))}]"
                 if fig.get("gain") is not None else "n/a")
         ev = evidence.get(c["case_id"])
-        rows.append([esc(c["case_id"]), _status(c["status"]) if c["status"] != "passed" else "passed",
+        rows.append([esc(c["case_id"]), _case_status(c),
                      _n(m.get("tokens_per_s")), esc(f"{fmt_number(lo)} .. {fmt_number(hi)}"),
                      _n(m.get("tflops_per_device")), esc(_pct(m.get("mfu"), signed=False)),
                      _n(m.get("step_time_s_median")), esc(_bytes(m.get("peak_memory_bytes"))),
@@ -290,7 +296,7 @@ def _inference(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
     for c in infer:
         m = c["metrics"] or {}
         a = agreement.get(c["case_id"])
-        rows.append([esc(c["case_id"]), _status(c["status"]) if c["status"] != "passed" else "passed",
+        rows.append([esc(c["case_id"]), _case_status(c),
                      esc(str(c["variant"])), _n(m.get("output_tokens_per_s")), _n(m.get("token_agreement")),
                      _n(minimums.get(c["variant"])), _status(a["status"]) if a else "n/a", _n(m.get("topk_overlap")),
                      _n(m.get("kl_div_mean")), _n(m.get("perplexity_delta")), _n(m.get("latency_s_p90")),

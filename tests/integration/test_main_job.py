@@ -37,7 +37,8 @@ def test_cpu_smoke_qualifies_end_to_end(tmp_path: Path) -> None:
     assert metrics["infer/tiny-qwen3/none"]["token_agreement"] == 1.0
     components = db_rows(db, "SELECT name, ok FROM component_checks")
     assert len(components) == 5 and all(c["ok"] for c in components)
-    assert Path(outcome["report"]).read_text().count("<img") >= 3
+    page = Path(outcome["report"]).read_text()  # one chart per model: training (ablation) and inference
+    assert "alt='training chart tiny-llama'" in page and "alt='inference chart tiny-qwen3'" in page
     # A CI job asks the same database before a push: the qualified digest passes, another does not.
     ok = run_qualify(["gate", "check", f"127.0.0.1:5000/qualify/cpu-smoke@{outcome['digest']}", "--db", db], tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
