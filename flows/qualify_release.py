@@ -55,7 +55,7 @@ def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> None:
     now that the run is open)."""
     if not flow_run.id:
         return
-    name = f"{ctx.release.release.name}:{ctx.release.release.tag} run {ctx.run_id}"
+    name = f"{ctx.manifest.release.name}:{ctx.manifest.release.tag} run {ctx.run_id}"
     try:
         with get_client(sync_client=True) as client:
             client.update_flow_run(flow_run.id, name=name)
@@ -75,14 +75,14 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         ctx = _unwrap(open_run_task(sessions, manifest, resume_run, ray_address, triggered_by))
     except BadInput as exc:
         return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
-    ctx.bind_flow_run(str(flow_run.id) if flow_run.id else None)
-    _name_flow_run(ctx, logger)
-    ctx.stage("setup", time.monotonic() - started)
-    ctx.start_heartbeat()
-    if on_progress is not None:
-        ctx.progress.listeners.append(on_progress)
     ray_handle = None
-    try:
+    try:  # from here on, whatever fails marks the run (never left "running")
+        ctx.bind_flow_run(str(flow_run.id) if flow_run.id else None)
+        _name_flow_run(ctx, logger)
+        ctx.stage("setup", time.monotonic() - started)
+        ctx.start_heartbeat()
+        if on_progress is not None:
+            ctx.progress.listeners.append(on_progress)
         logger.info("run %s of %s %s: %d cases", ctx.run_id, ctx.manifest.release.name, ctx.manifest.release.tag,
                     len(ctx.cases))
         with ctx.timed_stage("build"):

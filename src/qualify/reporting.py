@@ -184,12 +184,12 @@ def policy_view(run: Run) -> dict[str, Any] | None:
     from qualify.manifest_load import ManifestError
 
     try:
-        release = repo.run_manifest(run).release
+        manifest = repo.run_manifest(run).release
     except ManifestError:
         return None
-    gate = release.gate.model_dump(mode="json")
-    gate["previous_tag"] = release.release.previous_tag
-    gate["repository"] = release.release.repository
+    gate = manifest.gate.model_dump(mode="json")
+    gate["previous_tag"] = manifest.release.previous_tag
+    gate["repository"] = manifest.release.repository
     return gate
 
 
