@@ -169,6 +169,10 @@ class _ManifestLoader(_BaseLoader):  # type: ignore[misc,valid-type]
                            f"this is not a valid {kind} value", node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode) or not all(
+                isinstance(pair, tuple) and len(pair) == 2 for pair in node.value):
+            # e.g. a `!!set` tag on something that is not a mapping: PyYAML would crash with a TypeError
+            raise yaml.constructor.ConstructorError(None, None, "expected a mapping here", node.start_mark)
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -230,6 +234,10 @@ def parse_yaml(text: str, name: str) -> Any:
         problem = getattr(exc, "problem", None) or str(exc)
         kind = "" if isinstance(exc, _Refused) else "YAML syntax error: "
         raise ManifestError([Problem(name, where, f"{kind}{problem}")]) from None
+    except (TypeError, ValueError, AttributeError, RecursionError, OverflowError) as exc:
+        # Whatever else PyYAML's constructors raise on hostile input is the input's fault, said in one line.
+        raise ManifestError([Problem(name, "", f"YAML could not be read: {type(exc).__name__}: "
+                                     f"{str(exc)[:200]}")]) from None
 
 
 def _too_big(size: int) -> str:

@@ -21,11 +21,18 @@ def ping():
     return os.getpid()
 worker = ray.get(ping.remote())
 time.sleep(1)
-ours = {str(os.getpid()), str(worker)}
-tree = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-temp = sys.argv[1]
-ours |= {line.split()[0] for line in tree.splitlines()[1:] if temp in line or "gcs_server" in line
-         or "raylet" in line or "ray::" in line or "dashboard" in line}
+# This process and everything it started (GCS, raylet, workers, agents): never another Ray on the machine.
+table = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True).stdout.split()[2:]
+children = {}
+for pid, ppid in zip(table[::2], table[1::2]):
+    children.setdefault(ppid, []).append(pid)
+ours, todo = set(), [str(os.getpid())]
+while todo:
+    pid = todo.pop()
+    if pid not in ours:
+        ours.add(pid)
+        todo.extend(children.get(pid, []))
+ours.add(str(worker))
 listen = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
 for line in listen.splitlines():
     if any(f"pid={p}," in line for p in ours):

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -88,3 +89,13 @@ def test_spliced_yaml_never_crashes(line: int, snippet: str) -> None:
     except ManifestError as exc:
         assert exc.problems and all(p.file == "m.yaml" for p in exc.problems)
         assert len(exc.problems) <= LIMITS.max_problems + 1
+
+
+def test_a_set_tag_spliced_into_a_mapping_is_refused_cleanly() -> None:
+    """Found by the fuzz above (`count: !!set ` at line 40): PyYAML's set constructor crashed with a TypeError."""
+    from qualify.manifest_load import ManifestError, load_manifest_text
+
+    text = "\n".join(BASE_LINES[:40] + ["count: !!set "] + BASE_LINES[40:]) + "\n"
+    with pytest.raises(ManifestError) as info:
+        load_manifest_text(text, "m.yaml", check_expiry=False)
+    assert info.value.problems[0].file == "m.yaml"
