@@ -81,36 +81,6 @@ def _print_run(d: dict[str, Any]) -> None:
     for p in d["promotions"]:
         out.print(f"promotion {p['target_name']}: {p['outcome']} {p['target_ref']}"
                   + (f" ({p['detail']})" if p.get("detail") else ""), markup=False)
-def _print_run(d: dict[str, Any]) -> None:
-    out.print(f"[bold]run {d['run']}[/bold] {d['release']} status={d['status']} stage={d['stage']} "
-              f"digest={d['digest'] or 'n/a'}")
-    if d.get("error"):
-        out.print(f"error: {d['error']}", markup=False)
-    if d["stage_seconds"]:
-        out.print("stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in d["stage_seconds"].items()))
-    if d["components"]:
-        t = Table(title="components")
-        for col in ("name", "rule", "expected", "actual", "ok"):
-            t.add_column(col)
-        for c in d["components"]:
-            t.add_row(c["name"], c["rule"], c["expected"], c["actual"] or "missing",
-                      "[green]yes[/green]" if c["ok"] else "[red]NO[/red]")
-        out.print(t)
-    t = Table(title="cases")
-    for col in ("case", "status", "key metrics", "attempts", "exec s"):
-        t.add_column(col, overflow="fold")
-    for r in d["cases"]:
-        status = r["status"] + (f" ({r['error_class']})" if r["error_class"] else "")
-        t.add_row(r["case_id"], status, r["key_metrics"], str(r["attempts"]),
-                  f"{r['exec_s']:.1f}" if r["exec_s"] is not None else "n/a")
-    out.print(t)
-    for dec in d["decisions"]:
-        out.print(f"decision {dec['id']} at {str(dec['decided_at'])[:19]}: [bold]{dec['verdict']}[/bold]")
-        for reason in dec["reasons"]:
-            out.print(f"  {reason['status']:<11} {reason['check']}: {reason['message']}", markup=False)
-    for p in d["promotions"]:
-        out.print(f"promotion {p['target_name']}: {p['outcome']} {p['target_ref']}"
-                  + (f" ({p['detail']})" if p.get("detail") else ""), markup=False)
 
 
 @runs_app.command("abort")
