@@ -1,9 +1,6 @@
-"""Everything under src/qualify/workloads/ runs inside the candidate image: it may import only
-the standard library and what the image ships, never the orchestrator's packages.
-
-The walker goes through the whole workloads tree (every subpackage) and reads each file's
-imports with `ast`: top-level and function-level imports, relative imports (resolved to
-absolute names) and importlib.import_module / __import__ calls with a literal name."""
+"""What the orchestrator pays to import workload and manifest code: the modules it imports from the
+workloads, and manifest validation, never pull torch or another image package into the driver (checked in
+a fresh interpreter, so nothing an earlier test imported hides it)."""
 
 from __future__ import annotations
 
@@ -12,12 +9,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOADS = REPO / "src" / "qualify" / "workloads"
-WORKLOADS_PACKAGE = "qualify.workloads"
 IMAGE_PACKAGES = {"torch", "deepspeed", "transformers", "torchao", "vllm", "numpy", "safetensors"}
 # Imported by the orchestrator too (manifest, cases, executors): standard library at import time.
 STDLIB_AT_IMPORT = ("qualify.workloads.protocol", "qualify.workloads.settings", "qualify.workloads.procs",
-                    "qualify.workloads.merge", "qualify.workloads.infer.params",
+                    "qualify.workloads.merge", "qualify.workloads.infer.params", "qualify.workloads.infer.catalog",
                     "qualify.workloads.infer.engines", "qualify.workloads.train.params")
 
 
