@@ -31,7 +31,7 @@ def simulate(*, effect: float, noise: float, n: int, trials: int, seed: int,
              max_regression: float = RECOMMENDED_MAX_REGRESSION, alpha: float = RECOMMENDED_ALPHA,
              min_samples: int = RECOMMENDED_MIN_SAMPLES, noise_floor: float = RECOMMENDED_NOISE_FLOOR,
              direction: Direction = "higher") -> float:
-    """Fraction of trials that compare_samples flags as a regression.
+    """Fraction of trials that compare_samples flags as a regression (each sample: one launch's figure).
 
     Samples are a throughput of 1000 with multiplicative Gaussian noise (relative standard
     deviation ``noise``), the candidate's true value lowered by ``effect`` (0.10 = 10% slower).
@@ -62,14 +62,21 @@ def simulate_flags_fast(*, effect: float, noise: float, n: int, trials: int, see
     """The same rule vectorised over trials (same draws as simulate_flags; a test checks that
     both agree trial by trial), for benchmarks with many trials."""
     import numpy as np
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import ttest_ind
 
     cand, base = _draws(effect, noise, n, trials, seed, direction)
     med_c, med_b = np.median(cand, axis=1), np.median(base, axis=1)
     change = (med_c - med_b) / np.abs(med_b)
     worse = -change if direction == "higher" else change
+    ratio_only = worse > max(max_regression, noise_floor)
     if n >= min_samples:
+        # The gate's test on launch-level samples: one-sided Welch t-test on the logs.
+        positive = (cand > 0).all(axis=1) & (base > 0).all(axis=1)
         alternative = "less" if direction == "higher" else "greater"
-        p = mannwhitneyu(cand, base, alternative=alternative, axis=1, method="auto").pvalue
-        return (worse > max_regression) & (p < alpha)
-    return worse > max(max_regression, noise_floor)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p = ttest_ind(np.log(np.where(positive[:, None], cand, 1.0)),
+                          np.log(np.where(positive[:, None], base, 1.0)),
+                          equal_var=False, alternative=alternative, axis=1).pvalue
+        tested = (worse > max_regression) & (np.nan_to_num(p, nan=1.0) < alpha)
+        return np.where(positive, tested, ratio_only)
+    return ratio_only

@@ -1,7 +1,16 @@
-"""Noise of the training workload's throughput, and compile/eager ratio, in one run.
+"""Noise of the training workload's throughput, the gate's A/A false-alarm rate, and compile/eager, in one run.
 
     python benchmarks/train_noise.py [--runs N] [--model tiny-llama] [--threads T]
                                      [--steps S --warmup W --repeats R] [--compile-runs M]
+
+Each run is one independent launch (a fresh process, as the executor starts it). Printed: the
+launch-level CV (across launches) next to the within-launch CV (across the repeats of one launch),
+and the false-alarm rate of the gate on A/A comparisons (the same code against itself), before and
+after issue 12: *before*, a "run" was one launch whose R repeats were the gate's samples
+(Mann-Whitney, min 5 samples); *after*, a run is 3 launches and the gate tests the launch figures
+(Welch on logs, qualify.gate.stats). Both with max_regression 5%, alpha 0.05. The A/A comparisons are
+every ordered pair of launches (before) and every ordered pair of disjoint 3-launch groups (after,
+capped); they share launches, so the rates are estimates, not independent trials.
 
 Runs the tiny preset's default case N times as subprocesses (exactly as the
 executor does), interleaved with M runs of the same case with compile=true, and
@@ -26,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from qualify.gate import stats  # noqa: E402
 from qualify.workloads import protocol  # noqa: E402
 
 
@@ -53,8 +63,8 @@ def run_once(params: dict, timeout: float) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5, help="eager runs of the default case")
-    ap.add_argument("--compile-runs", type=int, default=2, help="compile=true runs (0: none)")
+    ap.add_argument("--runs", type=int, default=12, help="eager launches of the default case")
+    ap.add_argument("--compile-runs", type=int, default=0, help="compile=true launches (0: none)")
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--threads", type=int, help="num_threads (default: the workload's default)")
     ap.add_argument("--steps", type=int, help="override the default steps per repeat")
@@ -91,6 +101,7 @@ def main() -> int:
             print(f"{i:>3} {variant:8} {doc.get('status')} {doc.get('error_class')}: {doc.get('error')}")
             continue
         row = {"tokens_per_s": m["tokens_per_s"], "cv": m.get("cv_tokens_per_s"),
+               "repeats": list((doc.get("samples") or {}).get("tokens_per_s") or []),
                "load_before": load_before, "load_after": load_after,
                "threads": (doc.get("environment") or {}).get("threads")}
         results[variant].append(row)
@@ -119,8 +130,37 @@ def main() -> int:
           f"{pct(summary['cv_within_run_median'])} (max {pct(summary['cv_within_run_max'])}); "
           f"compile/eager {summary['compile_over_eager']}; load {summary['load_avg_min']}.."
           f"{summary['load_avg_max']}")
+    summary.update(false_alarms(results["eager"]))
+    print(f"A/A false alarms: before (one launch, its {base.get('repeats', 'default')} repeats as samples, "
+          f"Mann-Whitney) {summary['aa_before_flagged']}/{summary['aa_before_pairs']} = "
+          f"{pct(summary['aa_before_rate'])}; after (3 launches a side, Welch on logs) "
+          f"{summary['aa_after_flagged']}/{summary['aa_after_pairs']} = {pct(summary['aa_after_rate'])}")
     print(json.dumps(summary))
     return 0
+
+
+def false_alarms(rows: list[dict], group: int = 3, cap: int = 5000) -> dict:
+    """The gate's A/A false alarms on these launches, before and after launch-level samples."""
+    import itertools
+    import random
+
+    before = [(a, b) for a, b in itertools.permutations(range(len(rows)), 2)]
+    flagged_before = sum(stats.compare_samples(rows[a]["repeats"], rows[b]["repeats"], "higher",
+                                               max_regression=0.05, alpha=0.05, min_samples=5,
+                                               test="mann-whitney", unit="samples").regressed
+                         for a, b in before)
+    figures = [r["tokens_per_s"] for r in rows]
+    pairs = [(a, b) for a in itertools.combinations(range(len(rows)), group)
+             for b in itertools.combinations(range(len(rows)), group) if not set(a) & set(b)]
+    random.Random(0).shuffle(pairs)
+    pairs = pairs[:cap]
+    flagged_after = sum(stats.compare_samples([figures[i] for i in b], [figures[i] for i in a], "higher",
+                                              max_regression=0.05, alpha=0.05, min_samples=group).regressed
+                        for a, b in pairs)
+    return {"aa_before_pairs": len(before), "aa_before_flagged": flagged_before,
+            "aa_before_rate": flagged_before / len(before) if before else None,
+            "aa_after_pairs": len(pairs), "aa_after_flagged": flagged_after,
+            "aa_after_rate": flagged_after / len(pairs) if pairs else None}
 
 
 if __name__ == "__main__":

@@ -47,15 +47,20 @@ class Case:
     resources: Resources
     timeout_s: int
     tags: tuple[str, ...] = field(default=())
+    launches: int = 1  # independent process launches (qualify.launches); timeout_s bounds each
 
     @classmethod
     def build(cls, case_id: str, kind: str, model: str | None, variant: str | None,
-              params: dict[str, Any], env: dict[str, str], resources: Resources, timeout_s: int) -> "Case":
-        return cls(case_id, kind, model, variant, _freeze(params), _freeze(env), resources, timeout_s)
+              params: dict[str, Any], env: dict[str, str], resources: Resources, timeout_s: int,
+              launches: int = 1) -> "Case":
+        return cls(case_id, kind, model, variant, _freeze(params), _freeze(env), resources, timeout_s,
+                   launches=launches)
 
     def document(self) -> dict[str, Any]:
-        """The workload protocol's case document."""
-        return protocol.make_case(self.case_id, self.kind, thaw(self.params), thaw(self.env), self.timeout_s)
+        """The workload protocol's case document, with the number of launches for the Ray task."""
+        doc = protocol.make_case(self.case_id, self.kind, thaw(self.params), thaw(self.env), self.timeout_s)
+        doc["launches"] = self.launches
+        return doc
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +72,7 @@ class Case:
             "env": thaw(self.env),
             "resources": self.resources.model_dump(),
             "timeout_s": self.timeout_s,
+            "launches": self.launches,
         }
 
     def fingerprint(self) -> str:
@@ -103,12 +109,14 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
                     params["min_token_agreement"] = release.gate.agreement[scheme.scheme]
                 cases.append(Case.build(
                     f"infer/{model.name}/{scheme.scheme}", "infer", model.name, scheme.scheme,
-                    params, env, Resources.model_validate(resources) if resources else Resources(), timeout))
+                    params, env, Resources.model_validate(resources) if resources else Resources(), timeout,
+                    launches=release.execution.launches_for("infer")))
     for custom in release.custom_cases:
         for k in range(custom.count):
             case_id = f"{custom.kind}/{custom.name}" + (f"/{k:04d}" if custom.count > 1 else "")
             cases.append(Case.build(case_id, custom.kind, None, custom.name, dict(custom.params), {},
-                                    custom.resources or Resources(), timeout))
+                                    custom.resources or Resources(), timeout,
+                                    launches=release.execution.launches_for(custom.kind)))
     duplicates = sorted(i for i, n in Counter(c.case_id for c in cases).items() if n > 1)
     assert not duplicates, f"case ids must be unique, these repeat: {duplicates}"  # validation prevents it
     return cases
@@ -150,4 +158,4 @@ def _train_case(release: ReleaseManifest, model: TrainModel, variant: TrainVaria
     params["devices"] = devices_per_node(resources)
     params["nodes"] = resources.nodes
     return Case.build(f"train/{model.name}/{variant.name}", "train", model.name, variant.name,
-                      params, env, resources, timeout)
+                      params, env, resources, timeout, launches=release.execution.launches_for("train"))

@@ -3,7 +3,7 @@
 `qualify compare`, `qualify history` and the HTML report's baseline section use this module. A
 comparison calls a change a *regression* exactly when the gate would (qualify.gate.stats.compare_samples
 with the policy of the newer run: the ratio beyond the tolerance AND, with enough samples, a significant
-one-sided Mann-Whitney test), an *improvement* when the same rule read the other way round says the
+one-sided Welch t-test on the logs of the launch-level samples), an *improvement* when the same rule read the other way round says the
 older run is the worse one, and *noise* otherwise. Results whose fingerprints differ are not compared
 (DESIGN.md: like with like). The ratio's interval is the gate's percentile bootstrap of the medians
 (qualify.gate.stats.gain_interval), so it is deterministic.
@@ -138,7 +138,7 @@ class MetricComparison:
     ratio_low: float | None  # the bootstrap interval of that ratio
     ratio_high: float | None
     p_value: float | None  # one-sided Mann-Whitney, "B is worse" (or "better" for an improvement)
-    method: str  # mann-whitney | ratio-only | none
+    method: str  # welch-log | ratio-only | none
     tolerance: float | None
     call: Call
     message: str

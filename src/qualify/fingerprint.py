@@ -16,17 +16,22 @@ if TYPE_CHECKING:
 
 # Case parameters that do not change the measured figures (the synthetic workload's `samples`, `fail`
 # and `signal` ARE its measurements and faults, not settings of a measurement).
-NOT_MEASUREMENT = frozenset({"probes", "min_agreement", "min_token_agreement", "samples", "fail", "signal"})
+# `slowdown` (tests, benchmarks) stands for a slower candidate image: a result with it is compared with its
+# baseline like any other, which is the point.
+NOT_MEASUREMENT = frozenset({"probes", "min_agreement", "min_token_agreement", "samples", "launch_samples",
+                             "fail", "signal", "slowdown"})
 
 
 def result_fingerprint(kind: str, params: Mapping[str, Any], environment: Mapping[str, Any],
-                       resources: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                       resources: Mapping[str, Any] | None = None, launches: int = 1) -> dict[str, Any]:
     """A flat, JSON-safe dict: one entry per comparable field."""
     facts = environment.get("facts") if isinstance(environment.get("facts"), Mapping) else {}
     device = environment.get("device_name") or environment.get("accelerator") or facts.get("device_name")
     world = environment.get("world_size") or facts.get("device_count")
     fp: dict[str, Any] = {"kind": kind, "device": device, "world_size": world,
-                          "engine": params.get("engine"), "dtype": environment.get("dtype") or params.get("dtype")}
+                          "engine": params.get("engine"), "dtype": environment.get("dtype") or params.get("dtype"),
+                          # How the samples were taken: launch-level samples are compared with their like only.
+                          "launches": launches}
     for key in sorted(params):
         if key not in NOT_MEASUREMENT:
             fp[f"params.{key}"] = json.loads(json.dumps(params[key], sort_keys=True, default=str))
@@ -50,4 +55,4 @@ def differences(candidate: Mapping[str, Any] | None, baseline: Mapping[str, Any]
 def of_case(case: "Case", environment: Mapping[str, Any]) -> dict[str, Any]:
     """The fingerprint of a case's result, from the case and the environment its workload reported."""
     return result_fingerprint(case.kind, dict(case.params), environment,
-                              case.resources.model_dump(mode="json", exclude_defaults=True))
+                              case.resources.model_dump(mode="json", exclude_defaults=True), case.launches)

@@ -356,6 +356,13 @@ class ContainerOptions(Strict):
         return [f"execution.container: {o.what} ({o.reason})" for o in self.opt_ins]
 
 
+CaseKind = Literal["train", "infer", "sleep", "synthetic"]
+# Throughput cases run 3 launches (the least that gives the gate a test, see gate.stats); the sleep
+# workload measures the orchestrator's own overhead, where one launch is the measurement.
+DEFAULT_LAUNCHES: dict[str, int] = {"train": 3, "infer": 3, "synthetic": 3, "sleep": 1}
+MAX_LAUNCHES = 20
+
+
 class ExecutionSpec(Strict):
     executor: Literal["local", "container"] = "local"
     ray_address: str | None = None
@@ -364,6 +371,32 @@ class ExecutionSpec(Strict):
     # A timed-out case is not retried unless asked: a slow candidate must not get a second chance.
     retry_timeouts: bool = False
     container: ContainerOptions = Field(default_factory=ContainerOptions)
+    # Independent process launches per case, by case kind (one number: every kind). Run-to-run variance
+    # is only sampled by starting the workload again; the gate tests one figure per launch
+    # (qualify.launches, gate.stats). case_timeout_s bounds each launch.
+    launches: dict[CaseKind, int] = Field(default_factory=lambda: dict(DEFAULT_LAUNCHES))
+
+    @field_validator("launches", mode="before")
+    @classmethod
+    def _launches(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("give a number of launches (1..20), or one per case kind")
+        if isinstance(value, int):
+            return {kind: value for kind in DEFAULT_LAUNCHES}
+        if isinstance(value, dict):
+            return {**DEFAULT_LAUNCHES, **value}
+        return value
+
+    @field_validator("launches")
+    @classmethod
+    def _launch_range(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in value.items() if not 1 <= v <= MAX_LAUNCHES}
+        if bad:
+            raise ValueError(f"launches must be 1..{MAX_LAUNCHES} per case kind, got {bad}")
+        return value
+
+    def launches_for(self, kind: str) -> int:
+        return self.launches.get(kind, 1)  # type: ignore[call-overload]
 
 
 # --------------------------------------------------------------------------- components
@@ -447,6 +480,8 @@ class TrainSettings(Strict):
     deepspeed_config: dict[str, Any] | None = None
     resources: Resources | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # Tests and benchmarks only: every timed step slower by this fraction (a regression on demand).
+    slowdown: float | None = Field(default=None, ge=0, lt=10)
 
     @model_validator(mode="after")
     def _peak_has_a_source(self) -> "TrainSettings":
@@ -596,6 +631,7 @@ class RegressionPolicy(Strict):
     # Defaults and why: qualify.metrics (proved by benchmarks/gate_stats.py).
     max_regression: float = Field(default=metric_info.RECOMMENDED_MAX_REGRESSION, ge=0, lt=1)
     alpha: float = Field(default=metric_info.RECOMMENDED_ALPHA, gt=0, lt=0.5)
+    # Launch-level samples (execution.launches) each side needs for the test; fewer: ratio vs noise floor.
     min_samples: int = Field(default=metric_info.RECOMMENDED_MIN_SAMPLES, ge=2)
     # With too few samples, only a ratio beyond this floor (the machine's noise) fails.
     noise_floor: float = Field(default=metric_info.RECOMMENDED_NOISE_FLOOR, ge=0, lt=1)
@@ -753,6 +789,9 @@ class ReleaseManifest(Strict):
                                  "would share one case id: give each its own name")
             seen.add((custom.kind, custom.name))
         _no_duplicates([c.name for c in self.components], "components")
+        if self.gate.regression.baseline == "paired" and self.gate.regression.enabled and not self.release.previous_tag:
+            raise ValueError("gate.regression.baseline 'paired' re-measures the previous release beside the "
+                             "candidate: name it in release.previous_tag")
         return self
 
     def case_counts(self) -> dict[str, int]:

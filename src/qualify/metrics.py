@@ -12,10 +12,11 @@ Direction = Literal["higher", "lower"]
 
 # Regression-gate defaults (the manifest's gate.regression and qualify.gate.stats use these);
 # benchmarks/gate_stats.py proves them by simulation: 5% sits between this machine's ~3% noise
-# and a 10% regression; with fewer than 5 samples only a change beyond the 20% noise floor fails.
+# and a 10% regression; a sample is one launch (qualify.launches), 3 launches per side are the least
+# a test (Welch on logs) needs; with fewer only a change beyond the 20% noise floor fails.
 RECOMMENDED_MAX_REGRESSION = 0.05
 RECOMMENDED_ALPHA = 0.05
-RECOMMENDED_MIN_SAMPLES = 5
+RECOMMENDED_MIN_SAMPLES = 3
 RECOMMENDED_NOISE_FLOOR = 0.20
 
 METRICS: dict[str, Direction] = {
@@ -59,15 +60,6 @@ METRICS: dict[str, Direction] = {
     # sleep (overhead benchmark) and generic
     "wall_s": "lower",
 }
-
-# Sample series behind a metric: the gate's statistics compare samples, not one number.
-SAMPLES_FOR: dict[str, str] = {
-    "tokens_per_s": "tokens_per_s",
-    "tokens_per_s_per_device": "tokens_per_s",
-    "output_tokens_per_s": "output_tokens_per_s",
-    "wall_s": "wall_s",
-}
-
 
 def direction(metric: str) -> Direction:
     try:

@@ -96,6 +96,7 @@ class RunContext:
     ray_address: str | None = None
     build: BuildResult | None = None
     executor: Executor | None = None
+    paired: "PairedBaseline | None" = None  # gate.regression.baseline: paired (set by obtain_candidate)
     progress: Progress = field(default_factory=Progress)
     resumed: bool = False
     db_write_attempts: int = 6  # a result write is retried with backoff 1, 2, 4, 8, 16 s (spool.with_retries)
@@ -270,6 +271,8 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
         time.sleep(5)
     ctx.build = build
     ctx.executor = make_executor(ctx, build)
+    if ctx.manifest.gate.regression.baseline == "paired" and ctx.manifest.gate.regression.enabled:
+        ctx.paired = paired_baseline(ctx)
     return build
 
 
@@ -283,6 +286,78 @@ def make_executor(ctx: RunContext, build: BuildResult) -> Executor:
         raise BadInput("execution.executor 'container' needs a container image: builder "
                              f"{build.builder!r} produced none")
     return ContainerExecutor.from_manifest(ctx.manifest, build.image_ref)
+
+
+@dataclass(frozen=True)
+class PairedBaseline:
+    """The previous release's image (or environment) that paired cases re-measure beside the candidate;
+    executor None when it cannot be had, with the reason (the gate then says INCOMPLETE for those cases)."""
+
+    executor: Executor | None
+    label: str | None
+    reason: str | None = None
+
+
+def paired_baseline(ctx: RunContext) -> PairedBaseline:
+    """Find the previous release's image: the digest of its baseline run (the newest run whose latest
+    decision is PASS). Container executor: that image by digest. Local executor: an interpreter on this
+    machine whose environment has exactly that digest (the local builder's digest is its package set),
+    else pairing is refused with the reason."""
+    info = ctx.manifest.release
+    if not info.previous_tag:
+        return PairedBaseline(None, None, "no previous release named (release.previous_tag)")
+    with ctx.sessions() as session:
+        base_run = repo.baseline_run(session, info.repository, info.previous_tag)
+        if base_run is None or base_run.image is None:
+            return PairedBaseline(None, f"{info.repository}:{info.previous_tag}",
+                                  f"the previous release {info.previous_tag} has no run whose latest decision is "
+                                  "PASS: no image to re-measure")
+        digest, repository = base_run.image.digest, base_run.image.repository
+        label = f"{repository}:{info.previous_tag}@{digest}"
+        stored_python = _stored_build_python(base_run)
+    if ctx.manifest.execution.executor == "container":
+        assert ctx.build is not None
+        from qualify.executors.container import ContainerExecutor
+
+        return PairedBaseline(ContainerExecutor.from_manifest(ctx.manifest, f"{repository}@{digest}"), label)
+    from qualify.build.local import environment_digest
+
+    tried: list[str] = []
+    for python in dict.fromkeys(p for p in (stored_python, ctx.build.python if ctx.build else None) if p):
+        tried.append(python)
+        try:
+            if environment_digest(python)[0] == digest:
+                return PairedBaseline(LocalExecutor(python=python), f"{label} (local interpreter {python})")
+        except BuildError:
+            continue
+    return PairedBaseline(None, label, f"the previous release's environment ({digest[:19]}…) is not on this "
+                                       f"machine: no interpreter with that package set (tried {', '.join(tried)})")
+
+
+def _stored_build_python(run: Any) -> str | None:
+    """The interpreter a local-builder run used, from its stored manifest (build.python, else the driver's)."""
+    import sys
+
+    try:
+        loaded = repo.run_manifest(run)
+    except Exception:  # noqa: BLE001 - an old manifest that no longer validates: no interpreter known
+        return None
+    python = loaded.release.build.python
+    if python and not Path(python).is_absolute() and run.manifest_path:
+        python = str((Path(run.manifest_path).resolve().parent / python).resolve())
+    return python or sys.executable
+
+
+def baseline_document(case: Case) -> dict[str, Any]:
+    """The case as the baseline side runs it: the same document, without the tests' slowdown switch
+    (params.slowdown stands for a slower candidate, never for a slower baseline)."""
+    doc = case.document()
+    doc["params"] = {k: v for k, v in doc["params"].items() if k != "slowdown"}
+    return doc
+
+
+def _paired_case(ctx: RunContext, case: Case) -> bool:
+    return ctx.paired is not None and bool(ctx.manifest.gate.regression.metrics_for(case.kind))
 
 
 # --------------------------------------------------------------------------- verify
@@ -372,7 +447,11 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
     else:
         while True:
             attempts += 1
-            out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
+            if _paired_case(ctx, case) and ctx.paired.executor is not None:  # type: ignore[union-attr]
+                out = runner(ctx.executor, case.document(), case.resources, case.timeout_s,
+                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case))  # type: ignore[union-attr]
+            else:
+                out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
             retryable = out.retryable or (timed_out and ctx.manifest.execution.retry_timeouts)
             if not retryable or attempts > retries:
@@ -380,6 +459,11 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
             log(f"{case.case_id}: attempt {attempts} ended with {out.doc.get('error_class')} "
                 f"({out.doc.get('error')}); retrying ({attempts}/{retries})")
     doc = out.doc
+    if _paired_case(ctx, case) and "paired" not in (doc.get("environment") or {}):
+        from qualify.launches import unpaired
+
+        assert ctx.paired is not None
+        doc = unpaired(doc, ctx.paired.label, ctx.paired.reason or "the case ran without its baseline")
     result = spool.SpooledResult(case_id=case.case_id, doc=doc, attempts=attempts, queue_wait_s=out.queue_wait_s,
                                  exec_s=out.exec_s, node=out.node,
                                  fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))

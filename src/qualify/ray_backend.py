@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import ray
 
+from qualify import launches
 from qualify.executors import Executor
 from qualify.manifest import Resources
 from qualify.settings import Settings
@@ -143,25 +144,75 @@ class RayCaseResult:
 @ray.remote
 def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
                  submitted_at: float) -> RayCaseResult:
-    """Run one case on a Ray worker through the executor; return plain data."""
+    """Run one case on a Ray worker through the executor: its launches one after the other, each a fresh
+    process (qualify.launches), on this node, while this task holds the case's resources; plain data back.
+
+    timeout_s bounds each launch (a case of 3 launches may take up to 3 timeouts)."""
     started = time.time()
     context = ray.get_runtime_context()
-    try:
-        gpu_ids = [str(x) for x in context.get_accelerator_ids().get("GPU", [])]
-    except Exception:  # noqa: BLE001 - older Ray: fall back to the GPU ids API
-        gpu_ids = [str(x) for x in ray.get_gpu_ids()]
-    outcome = executor.run(case_doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
-    return RayCaseResult(doc=outcome.doc, exit_code=outcome.exit_code, exec_s=outcome.exec_s,
+    gpu_ids = _gpu_ids(context)
+    outcomes: list[Any] = []
+
+    def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        outcome = executor.run(doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
+        outcomes.append(outcome)
+        return outcome.doc, outcome.exec_s
+
+    merged, _docs = launches.run_launches(case_doc, one_launch)
+    last = outcomes[-1]
+    return RayCaseResult(doc=merged, exit_code=last.exit_code, exec_s=sum(o.exec_s for o in outcomes),
                          queue_wait_s=max(0.0, started - submitted_at), node=socket.gethostname(),
-                         node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=outcome.retryable,
-                         command=outcome.command)
+                         node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=last.retryable,
+                         command=last.command)
+
+
+@ray.remote
+def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[str, Any],
+                        baseline_doc: dict[str, Any], timeout_s: float, submitted_at: float) -> RayCaseResult:
+    """A paired case (gate.regression.baseline: paired): the candidate's and the previous release's launches
+    interleaved A B A B in this one task, which holds the case's resources on this node for both sides, so
+    that both see the same machine state. The measurement time is at most twice the case's."""
+    started = time.time()
+    context = ray.get_runtime_context()
+    gpu_ids = _gpu_ids(context)
+    outcomes: list[Any] = []
+
+    def side(chosen: Executor, keep: bool):
+        def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
+            outcome = chosen.run(doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
+            if keep:
+                outcomes.append(outcome)
+            return outcome.doc, outcome.exec_s
+        return one_launch
+
+    merged = launches.run_paired(case_doc, baseline_doc, side(executor, True), side(baseline, False),
+                                 baseline.describe())
+    last = outcomes[-1]
+    return RayCaseResult(doc=merged, exit_code=last.exit_code, exec_s=sum(o.exec_s for o in outcomes),
+                         queue_wait_s=max(0.0, started - submitted_at), node=socket.gethostname(),
+                         node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=last.retryable,
+                         command=last.command)
+
+
+def _gpu_ids(context: Any) -> list[str]:
+    try:
+        return [str(x) for x in context.get_accelerator_ids().get("GPU", [])]
+    except Exception:  # noqa: BLE001 - older Ray: fall back to the GPU ids API
+        return [str(x) for x in ray.get_gpu_ids()]
 
 
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
-                    timeout_s: float) -> RayCaseResult:
-    """Submit one case and wait for it; a lost worker or node becomes an `infra` result, not an exception."""
+                    timeout_s: float, *, baseline: Executor | None = None,
+                    baseline_doc: dict[str, Any] | None = None) -> RayCaseResult:
+    """Submit one case (its launches) and wait for it; a lost worker or node becomes an `infra` result, not an
+    exception. With a baseline executor the case is paired (execute_paired_case)."""
     submitted = time.time()
-    ref = execute_case.options(**ray_options(resources)).remote(executor, case_doc, timeout_s, submitted)
+    options = ray_options(resources)
+    if baseline is not None:
+        ref = execute_paired_case.options(**options).remote(executor, baseline, case_doc,
+                                                            baseline_doc or case_doc, timeout_s, submitted)
+    else:
+        ref = execute_case.options(**options).remote(executor, case_doc, timeout_s, submitted)
     try:
         return ray.get(ref)
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,

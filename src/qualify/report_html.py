@@ -262,7 +262,7 @@ def _baseline(d: dict[str, Any]) -> str:
     pol = view["policy"]
     out.append(f"<p>Baseline: run {a['run_id']} of {esc(a['label'])} (digest <code>{esc(a['digest'] or 'n/a')}"
                f"</code>), {esc(how)}. Rule: a regression is a change beyond {pol['max_regression']:.0%} that is "
-               f"significant (one-sided Mann-Whitney, p &lt; {pol['alpha']:g}) with ≥ {pol['min_samples']} "
+               f"significant (one-sided Welch t-test on the launches' logs, p &lt; {pol['alpha']:g}) with ≥ {pol['min_samples']} "
                f"samples a side, else beyond the noise floor {pol['noise_floor']:.0%}. Ratio = candidate median / "
                f"baseline median, 90% bootstrap interval.</p>")
     rows, classes = [], []

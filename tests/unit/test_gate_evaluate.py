@@ -338,7 +338,7 @@ def test_true_regression_fails_with_figures(rel, good, baseline):
     verdict = judge(rel, slower, baseline=baseline)
     assert verdict.verdict == "FAIL"
     [reason] = only(verdict, "regression", "train/tiny/base")
-    assert reason.status == "FAIL" and "Mann-Whitney" in reason.message
+    assert reason.status == "FAIL" and "Welch t-test on logs" in reason.message and "5 vs 5 launches" in reason.message
     assert reason.figures["p_value"] < 0.05 and reason.figures["worse"] > 0.1
     assert reason.figures["n_candidate"] == 5 and reason.figures["n_baseline"] == 5
 
@@ -369,13 +369,13 @@ def test_single_figure_without_samples_uses_ratio(rel, good, baseline):
     one = replace(one, "train/tiny/compile", samples={})
     verdict = judge(rel, one, baseline=baseline)
     reason = only(verdict, "regression", "train/tiny/base")[0]
-    assert reason.status == "FAIL" and "only 1 vs 5 samples" in reason.message
+    assert reason.status == "FAIL" and "only 1 vs 5 launches" in reason.message
 
 
 def test_noisy_but_not_significant_passes(rel, good, baseline):
     # 8% slower median but 25% noise: beyond the tolerance, not supported by the test
     case_id = "train/tiny/base"
-    cand = replace(good, case_id, samples={"tokens_per_s": [920.0, 1400.0, 700.0, 1150.0, 850.0]})
+    cand = replace(good, case_id, samples={"per_launch.tokens_per_s": [920.0, 1400.0, 700.0, 1150.0, 850.0]})
     reason = only(judge(rel, cand, baseline=baseline), "regression", case_id)[0]
     assert reason.status == "PASS" and "not significant" in reason.message
 

@@ -60,7 +60,8 @@ def test_exact_mann_whitney_minimum_p_for_5_vs_5():
 
 
 def test_compare_samples_figures_and_messages():
-    cmp = stats.compare_samples([89.5, 90, 91, 89, 92], [99.5, 100, 101, 99, 102], "higher", metric="tokens_per_s")
+    cmp = stats.compare_samples([89.5, 90, 91, 89, 92], [99.5, 100, 101, 99, 102], "higher", metric="tokens_per_s",
+                                test="mann-whitney")
     assert cmp.regressed and cmp.method == "mann-whitney"
     assert cmp.worse == pytest.approx(0.10) and cmp.ratio == pytest.approx(0.9)
     assert "tokens_per_s" == cmp.metric and "significant" in cmp.message

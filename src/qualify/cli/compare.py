@@ -40,7 +40,7 @@ def compare(ref_a: str = typer.Argument(..., metavar="REF_A", help="the referenc
             f"digest {run.digest or 'n/a'}")
     p = result.policy
     say(f"rule (B's policy, baseline mode {result.baseline_mode}): a regression is worse by more than "
-        f"{p['max_regression']:.0%} and significant (one-sided Mann-Whitney p < {p['alpha']:g}) with >= "
+        f"{p['max_regression']:.0%} and significant (one-sided Welch t-test on the launches' logs, p < {p['alpha']:g}) with >= "
         f"{p['min_samples']} samples a side, else worse than the noise floor {p['noise_floor']:.0%}; "
         "an improvement is the same rule the other way round")
     width = max([len(r.case_id) for r in result.rows] + [4])

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from qualify import launches
 from qualify import metrics as metric_info
 from qualify.cases import Case
 from qualify.fingerprint import differences as fingerprint_differences
@@ -353,10 +354,12 @@ def check_probes(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str
 
 
 def _series(result: ResultData, metric: str) -> list[float]:
-    """The samples behind a metric (metrics.SAMPLES_FOR), else the single reported figure."""
-    series_name = metric_info.SAMPLES_FOR.get(metric) or (metric if metric in result.samples else None)
-    if series_name and result.samples.get(series_name):
-        return [float(v) for v in result.samples[series_name] if _num(v) is not None]
+    """The samples behind a metric that the gate tests: one figure per independent launch
+    (qualify.launches), else the single reported figure. Repeats inside one process are never the
+    sample count: they share the process's start-up, clocks and placement."""
+    per_launch = launches.per_launch_series(result.samples, metric)
+    if per_launch:
+        return [v for v in per_launch if _num(v) is not None]
     value = _num(result.metrics.get(metric))
     return [value] if value is not None else []
 
@@ -374,6 +377,8 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
     reg = policy.regression
     if not reg.enabled:
         return [Reason("regression", None, PASS, "regression check disabled by the policy")]
+    if reg.baseline == "paired":
+        return check_paired_regression(policy, cases, results)
     named = (baseline is not None or bool(baseline_label)) if previous_named is None else previous_named
     unusable = NO_BASELINE if reg.baseline == "optional" else INCOMPLETE
     suffix = " (gate.regression.baseline: optional)" if reg.baseline == "optional" else ""
@@ -411,6 +416,40 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
                 continue
             reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
                                   f"{metric} {cmp.message}", cmp.figures()))
+    return reasons
+
+
+def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
+                            results: Mapping[str, ResultData]) -> list[Reason]:
+    """gate.regression.baseline: paired -- each case's launches against the previous release's launches measured
+    beside them (qualify.launches.run_paired), pair by pair (stats.compare_pairs). A case without its
+    baseline side (the previous image could not be had, or its launch failed) is INCOMPLETE with the reason."""
+    reg = policy.regression
+    reasons: list[Reason] = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is None or result.status != "passed":
+            continue  # a missing or failed case is the completeness check's
+        paired = result.environment.get("paired") if isinstance(result.environment, Mapping) else None
+        for metric in reg.metrics_for(case.kind):
+            cand = launches.per_launch_series(result.samples, metric)
+            base = launches.paired_baseline_series(result.samples, metric)
+            if not cand or not base:
+                why = (paired or {}).get("reason") if isinstance(paired, Mapping) else None
+                why = why or ("the case was not measured in pairs" if not paired else f"no paired {metric}")
+                reasons.append(Reason("regression", case.case_id, INCOMPLETE, f"{metric}: paired baseline: {why}",
+                                      {"metric": metric, "baseline": (paired or {}).get("baseline")}))
+                continue
+            cmp = stats.compare_pairs(cand, base, metric_info.direction(metric), metric=metric,
+                                      max_regression=reg.max_regression, alpha=reg.alpha,
+                                      min_samples=reg.min_samples, noise_floor=reg.noise_floor)
+            figures = {**cmp.figures(), "baseline": paired.get("baseline") if paired else None,
+                       "order": paired.get("order") if paired else None, "candidate": cand, "baseline_samples": base}
+            if cmp.method == "none":
+                reasons.append(Reason("regression", case.case_id, INCOMPLETE, f"{metric}: {cmp.message}", figures))
+                continue
+            reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
+                                  f"{metric} {cmp.message}", figures))
     return reasons
 
 

@@ -72,7 +72,7 @@ class Comparison:
     ratio: float | None  # candidate median / baseline median
     worse: float | None  # relative change, positive = worse for this metric's direction
     p_value: float | None
-    method: Literal["mann-whitney", "ratio-only", "none"]
+    method: Literal["paired-t-log", "welch-log", "mann-whitney", "ratio-only", "none"]
     tolerance: float  # the relative change that was needed to fail
     regressed: bool
     message: str
@@ -110,6 +110,28 @@ def mann_whitney_worse(candidate: Sequence[float], baseline: Sequence[float], di
     return p if math.isfinite(p) else 1.0
 
 
+def welch_log_worse(candidate: Sequence[float], baseline: Sequence[float], direction: Direction) -> float:
+    """One-sided Welch t-test p-value on log values for "candidate is worse than baseline".
+
+    Used on launch-level samples (one figure per independent process launch): with 3 vs 3 of them
+    no rank test can reach p < 0.05 (the exact Mann-Whitney minimum is 1/20), whereas the t-test on
+    logs (throughput noise is multiplicative) keeps its nominal false-alarm rate and has the power
+    to see a 10% shift at 3% launch-to-launch noise. Without spread on either side the difference
+    is exact: p is 0 when the candidate is worse, else 1.
+    """
+    from scipy.stats import ttest_ind
+
+    cand = [math.log(v) for v in candidate]
+    base = [math.log(v) for v in baseline]
+    if statistics.pvariance(cand) == 0 and statistics.pvariance(base) == 0:
+        worse = statistics.fmean(cand) < statistics.fmean(base) if direction == "higher" else \
+            statistics.fmean(cand) > statistics.fmean(base)
+        return 0.0 if worse else 1.0
+    alternative = "less" if direction == "higher" else "greater"
+    p = float(ttest_ind(cand, base, equal_var=False, alternative=alternative).pvalue)
+    return p if math.isfinite(p) else 1.0
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
@@ -117,8 +139,14 @@ def _pct(x: float) -> str:
 def compare_samples(candidate: Sequence[float], baseline: Sequence[float], direction: Direction, *,
                     metric: str = "", max_regression: float = RECOMMENDED_MAX_REGRESSION,
                     alpha: float = RECOMMENDED_ALPHA, min_samples: int = RECOMMENDED_MIN_SAMPLES,
-                    noise_floor: float = RECOMMENDED_NOISE_FLOOR) -> Comparison:
-    """Decide whether candidate regressed against baseline (see module docstring for the rule)."""
+                    noise_floor: float = RECOMMENDED_NOISE_FLOOR,
+                    test: Literal["welch-log", "mann-whitney"] = "welch-log",
+                    unit: str = "launches") -> Comparison:
+    """Decide whether candidate regressed against baseline (see module docstring for the rule).
+
+    test: "welch-log" for launch-level samples (few, independent), "mann-whitney" for many samples.
+    unit: what one sample is, for the message ("launches", "samples").
+    """
     cand = [float(v) for v in candidate if v is not None and math.isfinite(float(v))]
     base = [float(v) for v in baseline if v is not None and math.isfinite(float(v))]
     med_c, med_b = median(cand), median(base)
@@ -133,8 +161,11 @@ def compare_samples(candidate: Sequence[float], baseline: Sequence[float], direc
     worse = relative_worse(med_c, med_b, direction)
     change = f"median {med_c:.4g} vs {med_b:.4g} ({_pct(-worse if direction == 'higher' else worse)}"
     change += ", worse)" if worse > 0 else ", not worse)"
-    if len(cand) >= min_samples and len(base) >= min_samples:
-        p = mann_whitney_worse(cand, base, direction)
+    positive = all(v > 0 for v in cand + base)
+    if len(cand) >= min_samples and len(base) >= min_samples and (test == "mann-whitney" or positive):
+        p = (welch_log_worse(cand, base, direction) if test == "welch-log"
+             else mann_whitney_worse(cand, base, direction))
+        test_name = "Welch t-test on logs" if test == "welch-log" else "Mann-Whitney"
         regressed = worse > max_regression and p < alpha
         if regressed:
             verdict = f"regression beyond {max_regression:.0%} and significant (p={p:.3g} < {alpha:g})"
@@ -144,14 +175,77 @@ def compare_samples(candidate: Sequence[float], baseline: Sequence[float], direc
             verdict = f"within the {max_regression:.0%} tolerance (p={p:.3g})"
         else:
             verdict = f"beyond {max_regression:.0%} but not significant (p={p:.3g} >= {alpha:g}): noise"
-        msg = f"{change}, {len(cand)} vs {len(base)} samples, one-sided Mann-Whitney: {verdict}"
-        return Comparison(**common, ratio=ratio, worse=worse, p_value=p, method="mann-whitney",
+        msg = f"{change}, {len(cand)} vs {len(base)} {unit}, one-sided {test_name}: {verdict}"
+        return Comparison(**common, ratio=ratio, worse=worse, p_value=p, method=test,
                           tolerance=max_regression, regressed=regressed, message=msg)
     tolerance = max(max_regression, noise_floor)
     regressed = worse > tolerance
-    msg = (f"{change}; only {len(cand)} vs {len(base)} samples (< {min_samples}): too few for a test, "
+    msg = (f"{change}; only {len(cand)} vs {len(base)} {unit} (< {min_samples}): too few for a test, "
            f"ratio compared with the noise floor {tolerance:.0%}: "
            + ("regression" if regressed else "no regression beyond the noise floor"))
+    return Comparison(**common, ratio=ratio, worse=worse, p_value=None, method="ratio-only",
+                      tolerance=tolerance, regressed=regressed, message=msg)
+
+
+# --------------------------------------------------------------------------- paired
+
+
+def compare_pairs(candidate: Sequence[float], baseline: Sequence[float], direction: Direction, *,
+                  metric: str = "", max_regression: float = RECOMMENDED_MAX_REGRESSION,
+                  alpha: float = RECOMMENDED_ALPHA, min_samples: int = RECOMMENDED_MIN_SAMPLES,
+                  noise_floor: float = RECOMMENDED_NOISE_FLOOR) -> Comparison:
+    """Paired comparison: candidate[i] and baseline[i] were measured back to back on the same node
+    (gate.regression.baseline: paired), so the machine's drift between pairs cancels in their ratio.
+
+    worse: the median over pairs of the per-pair relative change (positive = worse). A regression
+    needs worse > max_regression AND a one-sided paired t-test on the log ratios with p < alpha. Why
+    not Wilcoxon's signed-rank test: with 3 pairs its smallest one-sided p is 1/8, so it could never
+    flag anything; the t-test on log ratios keeps its nominal false-alarm rate for log-normal noise.
+    Fewer than min_samples pairs: the median ratio against the noise floor, said so.
+    """
+    pairs = [(float(c), float(b)) for c, b in zip(candidate, baseline)
+             if c is not None and b is not None and math.isfinite(float(c)) and math.isfinite(float(b))]
+    positive = [(c, b) for c, b in pairs if c > 0 and b > 0]
+    med_c = median([c for c, _ in pairs])
+    med_b = median([b for _, b in pairs])
+    common = dict(metric=metric, direction=direction, n_candidate=len(pairs), n_baseline=len(pairs),
+                  median_candidate=med_c, median_baseline=med_b)
+    if not positive or len(positive) < len(pairs):
+        why = "no pairs" if not pairs else "a figure is not positive"
+        return Comparison(**common, ratio=None, worse=None, p_value=None, method="none",
+                          tolerance=max_regression, regressed=False, message=f"cannot compare the pairs: {why}")
+    logs = [math.log(c / b) for c, b in positive]  # > 0: candidate higher
+    bad = [-x for x in logs] if direction == "higher" else logs  # > 0: candidate worse
+    ratio = math.exp(statistics.median(logs))
+    worse = math.exp(statistics.median(bad)) - 1
+    change = (f"median pair ratio {ratio:.4f} ({_pct(-worse if direction == 'higher' else worse)}"
+              + (", worse)" if worse > 0 else ", not worse)"))
+    n = len(bad)
+    if n >= min_samples:
+        spread = statistics.stdev(bad)
+        if spread == 0:
+            p = 0.0 if statistics.fmean(bad) > 0 else 1.0
+        else:
+            from scipy.stats import t as student_t
+
+            t_stat = statistics.fmean(bad) / (spread / math.sqrt(n))
+            p = float(student_t.sf(t_stat, df=n - 1))
+        regressed = worse > max_regression and p < alpha
+        if regressed:
+            verdict = f"regression beyond {max_regression:.0%} and significant (p={p:.3g} < {alpha:g})"
+        elif worse <= 0:
+            verdict = "no regression"
+        elif worse <= max_regression:
+            verdict = f"within the {max_regression:.0%} tolerance (p={p:.3g})"
+        else:
+            verdict = f"beyond {max_regression:.0%} but not significant (p={p:.3g} >= {alpha:g}): noise"
+        msg = f"paired, {change}, {n} pairs, one-sided paired t-test on log ratios: {verdict}"
+        return Comparison(**common, ratio=ratio, worse=worse, p_value=p, method="paired-t-log",
+                          tolerance=max_regression, regressed=regressed, message=msg)
+    tolerance = max(max_regression, noise_floor)
+    regressed = worse > tolerance
+    msg = (f"paired, {change}; only {n} pairs (< {min_samples}): too few for a test, ratio compared with the "
+           f"noise floor {tolerance:.0%}: " + ("regression" if regressed else "no regression beyond the noise floor"))
     return Comparison(**common, ratio=ratio, worse=worse, p_value=None, method="ratio-only",
                       tolerance=tolerance, regressed=regressed, message=msg)
 

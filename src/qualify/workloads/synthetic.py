@@ -2,6 +2,11 @@
 
 params:
   samples: {metric: [values, ...]}   each metric's figure is the median of its samples; samples stored
+  launch_samples: [{metric: [...]}, ...]
+                                      launch k of the case reports entry k (modulo the list) instead of
+                                      `samples`: launch-to-launch variation on demand
+  slowdown: f                         every figure divided by 1 + f (a slower candidate on demand; the baseline
+                                      side of a paired case never gets it)
   fail: <error class>                 report a failed result of that class (e.g. low_agreement, nan_loss)
   signal: SEGV                        die by that signal (a crash the executor must classify)
 """
@@ -27,12 +32,22 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
         sys.stderr.flush()
         os.kill(os.getpid(), signum)
     samples = params.get("samples") or {}
+    by_launch = params.get("launch_samples")
+    if by_launch is not None:
+        if not isinstance(by_launch, list) or not by_launch:
+            raise protocol.BadCase("params.launch_samples must be a non-empty list of sample maps")
+        launch = case.get("launch") or {}
+        index = launch.get("index", 0) if isinstance(launch, dict) else 0
+        samples = by_launch[(index if isinstance(index, int) else 0) % len(by_launch)]
     if not isinstance(samples, dict) or not all(
             isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
             for v in samples.values()):
         raise protocol.BadCase("params.samples must map metric names to non-empty lists of numbers")
-    metrics = {name: statistics.median(float(x) for x in values) for name, values in samples.items()}
-    series = {name: [float(x) for x in values] for name, values in samples.items()}
+    slowdown = params.get("slowdown", 0.0)
+    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 10:
+        raise protocol.BadCase(f"params.slowdown: a fraction in [0, 10), got {slowdown!r}")
+    series = {name: [float(x) / (1 + slowdown) for x in values] for name, values in samples.items()}
+    metrics = {name: statistics.median(values) for name, values in series.items()}
     if params.get("fail"):
         error_class = str(params["fail"])
         if error_class not in protocol.ERROR_CLASSES:

@@ -61,6 +61,9 @@ class TrainParams:
     inject: dict[str, Any] = field(default_factory=dict)
     lr: float = 3e-4
     attn_implementation: str = "sdpa"
+    # Tests and benchmarks only: each timed step made slower by this fraction (a sleep inside the step),
+    # so that a real regression of known size can be produced on demand.
+    slowdown: float = 0.0
     explicit: frozenset[str] = frozenset()
 
     @property
@@ -156,6 +159,9 @@ def parse_params(params: dict[str, Any]) -> TrainParams:
     _positive(params, "peak_flops_per_device")
     _positive(params, "memory_limit_gb")
     _positive(params, "lr")
+    slowdown = params.get("slowdown", 0.0)
+    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 10:
+        raise BadCase(f"param slowdown: a fraction in [0, 10), got {slowdown!r}")
     _choice(params, "dtype", DTYPES)
     _choice(params, "data", DATA)
     _choice(params, "launcher", LAUNCHERS)

@@ -303,6 +303,8 @@ class _Stepper:
             total += loss.detach().float()
         value = (total / self.s.accum).item()  # also the synchronisation point on CPU
         self.sync()
+        if self.s.p.slowdown:  # params.slowdown: a regression of known size (tests, benchmarks)
+            time.sleep((time.perf_counter() - start) * self.s.p.slowdown)
         elapsed = time.perf_counter() - start
         self.losses.append(value)
         if not math.isfinite(value):

@@ -1,0 +1,214 @@
+"""A case measured in several independent process launches: the launch documents merged into one.
+
+Run-to-run variance (process start, clocks, placement, allocator state) is only sampled by starting
+the workload again. A throughput case therefore runs as `launches` separate processes on the same node
+(one Ray task holds the node's resources for all of them, see ray_backend) and the gate tests one figure
+per launch (gate.stats, Welch on logs); the steps and repeats inside a launch give the spread, not the
+sample count.
+
+Merged document (pure function, tested directly):
+  * status: passed only when every launch passed; otherwise the first launch that did not pass, with
+    its error class (later launches are not started after a failure).
+  * metrics: every numeric figure is the median over the launches, except memory figures, whose
+    maximum is kept (a peak is a peak); `launches` is the number of launches that ran, and
+    `cv_<metric>_between_launches` and `cv_<series>_within_launch` (median of the launches' own CV,
+    e.g. of the step times) are given for the throughput metric(s).
+  * samples: `per_launch.<metric>` = one value per launch for every numeric metric (what the gate
+    tests); the launches' own series concatenated under their names, with `launch_index.<series>`
+    saying which launch each sample came from.
+  * environment: the first launch's, plus `launches`: index, status, duration of each launch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Callable, Mapping, Sequence
+
+PER_LAUNCH = "per_launch."
+LAUNCH_INDEX = "launch_index."
+# Figures whose worst launch is the honest figure (a peak), not the median.
+_MAX_METRICS_SUFFIX = ("memory_bytes",)
+# Throughput series whose launch-to-launch and within-launch spread is reported.
+SPREAD_METRICS = ("tokens_per_s", "output_tokens_per_s", "wall_s")
+# Series whose spread inside a launch is reported (one timed step each).
+WITHIN_ONLY_SERIES = ("step_time_s",)
+
+
+def per_launch_series(samples: Mapping[str, Sequence[float]], metric: str) -> list[float] | None:
+    """The launch-level samples of a metric in a result's samples, or None when it has none."""
+    values = samples.get(PER_LAUNCH + metric)
+    return [float(v) for v in values] if values else None
+
+
+def launch_document(case_doc: Mapping[str, Any], index: int, count: int) -> dict[str, Any]:
+    """The case document of one launch: the case's, told which launch it is (a workload may seed by it)."""
+    doc = {k: v for k, v in case_doc.items() if k != "launches"}
+    doc["launch"] = {"index": index, "of": count}
+    return doc
+
+
+def launch_count(case_doc: Mapping[str, Any]) -> int:
+    value = case_doc.get("launches", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
+
+
+def _cv(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean else None
+
+
+def merge_launches(docs: Sequence[Mapping[str, Any]], durations_s: Sequence[float | None] = (),
+                   planned: int | None = None) -> dict[str, Any]:
+    """One result document from the launches' documents (in launch order); see the module docstring."""
+    assert docs, "at least one launch ran"
+    planned = planned or len(docs)
+    first_bad = next((d for d in docs if d.get("status") != "passed"), None)
+    base = dict(first_bad or docs[0])
+    env = dict(base.get("environment") or {})
+    env["launches"] = [{"index": i, "status": d.get("status"), "error_class": d.get("error_class"),
+                        "duration_s": (durations_s[i] if i < len(durations_s) else d.get("duration_s"))}
+                       for i, d in enumerate(docs)]
+    env["launches_planned"] = planned
+    base["environment"] = env
+    if first_bad is not None:
+        index = docs.index(first_bad)
+        if len(docs) > 1 or planned > 1:
+            base["error"] = f"launch {index + 1} of {planned}: {first_bad.get('error')}"
+        return base
+    metrics: dict[str, Any] = {}
+    samples: dict[str, list[float]] = {}
+    names = [k for d in docs for k in (d.get("metrics") or {})]
+    for name in dict.fromkeys(names):
+        values = [_number((d.get("metrics") or {}).get(name)) for d in docs]
+        present = [v for v in values if v is not None]
+        if not present:
+            metrics[name] = docs[0].get("metrics", {}).get(name)
+            continue
+        metrics[name] = max(present) if name.endswith(_MAX_METRICS_SUFFIX) else statistics.median(present)
+        if len(present) == len(values):
+            samples[PER_LAUNCH + name] = present
+    for name in dict.fromkeys(k for d in docs for k in (d.get("samples") or {})):
+        merged: list[float] = []
+        index: list[float] = []
+        for i, d in enumerate(docs):
+            series = list((d.get("samples") or {}).get(name) or [])
+            merged += series
+            index += [i] * len(series)
+        samples[name] = merged
+        if len(docs) > 1:
+            samples[LAUNCH_INDEX + name] = index
+    for name in SPREAD_METRICS:
+        launch_values = samples.get(PER_LAUNCH + name)
+        if launch_values:
+            metrics[f"cv_{name}_between_launches"] = _cv(launch_values)
+    for name in SPREAD_METRICS + WITHIN_ONLY_SERIES:
+        within = [_cv([float(x) for x in (d.get("samples") or {}).get(name) or []]) for d in docs]
+        within = [w for w in within if w is not None]
+        if within:
+            metrics[f"cv_{name}_within_launch"] = statistics.median(within)
+    metrics["launches"] = len(docs)
+    base["metrics"] = metrics
+    base["samples"] = samples
+    base["duration_s"] = sum(_number(d.get("duration_s")) or 0.0 for d in docs)
+    return base
+
+
+def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the case's launches one after the other (stopping at the first that does not pass).
+
+    launch(doc) -> (result document, seconds). Returns the merged document and the launch documents.
+    """
+    count = launch_count(case_doc)
+    docs: list[dict[str, Any]] = []
+    durations: list[float] = []
+    for index in range(count):
+        doc, seconds = launch(launch_document(case_doc, index, count))
+        docs.append(doc)
+        durations.append(seconds)
+        if doc.get("status") != "passed":
+            break
+    return merge_launches(docs, durations, planned=count), docs
+
+
+# --------------------------------------------------------------------------- paired (gate.regression.baseline: paired)
+
+PAIRED_BASELINE = "paired_baseline."
+
+
+def paired_baseline_series(samples: Mapping[str, Sequence[float]], metric: str) -> list[float] | None:
+    """The baseline side's launch-level figures of a paired case (index i pairs with the candidate's launch i)."""
+    values = samples.get(PAIRED_BASELINE + PER_LAUNCH + metric)
+    return [float(v) for v in values] if values else None
+
+
+def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
+               launch_candidate: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
+               launch_baseline: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
+               baseline_label: str) -> dict[str, Any]:
+    """Candidate and baseline launches interleaved A B A B ... on this node; the candidate's merged document
+    with the baseline side attached (samples `paired_baseline.per_launch.<metric>`, environment `paired`).
+
+    A candidate launch that does not pass ends the case as usual. A baseline launch that does not pass ends
+    the baseline side only: the case's result stands, and the pairing says why it has no baseline (the gate
+    then calls the regression check INCOMPLETE for the case, never a pass).
+    """
+    count = launch_count(case_doc)
+    cand_docs: list[dict[str, Any]] = []
+    cand_s: list[float] = []
+    base_docs: list[dict[str, Any]] = []
+    base_s: list[float] = []
+    order: list[str] = []
+    problem: str | None = None
+    for index in range(count):
+        doc, seconds = launch_candidate(launch_document(case_doc, index, count))
+        cand_docs.append(doc)
+        cand_s.append(seconds)
+        order.append(f"A{index}")
+        if doc.get("status") != "passed":
+            break
+        if problem is None:
+            bdoc, bseconds = launch_baseline(launch_document(baseline_doc, index, count))
+            base_docs.append(bdoc)
+            base_s.append(bseconds)
+            order.append(f"B{index}")
+            if bdoc.get("status") != "passed":
+                problem = (f"the baseline ({baseline_label}) did not pass its launch {index + 1}: "
+                           f"{bdoc.get('error_class')}: {str(bdoc.get('error') or '')[:300]}")
+    merged = merge_launches(cand_docs, cand_s, planned=count)
+    return attach_pairing(merged, base_docs, base_s, order=order, label=baseline_label, problem=problem)
+
+
+def attach_pairing(merged: dict[str, Any], base_docs: Sequence[Mapping[str, Any]], base_s: Sequence[float], *,
+                   order: Sequence[str], label: str, problem: str | None) -> dict[str, Any]:
+    """Add the baseline side to the candidate's merged document (see run_paired)."""
+    paired: dict[str, Any] = {"baseline": label, "order": list(order), "reason": problem, "pairs": 0}
+    cand_n = merged.get("metrics", {}).get("launches") if merged.get("status") == "passed" else None
+    if problem is None and base_docs and cand_n == len(base_docs):
+        base = merge_launches(base_docs, base_s)
+        for name, values in base["samples"].items():
+            if name.startswith(PER_LAUNCH):
+                merged["samples"][PAIRED_BASELINE + name] = values
+        paired.update(pairs=len(base_docs), baseline_metrics=base["metrics"],
+                      baseline_environment={k: base["environment"].get(k) for k in
+                                            ("torch", "deepspeed", "transformers", "python", "hostname")
+                                            if k in base["environment"]})
+    elif problem is None and merged.get("status") != "passed":
+        paired["reason"] = "the candidate did not pass: nothing to compare"
+    merged.setdefault("environment", {})["paired"] = paired
+    return merged
+
+
+def unpaired(doc: dict[str, Any], label: str | None, reason: str) -> dict[str, Any]:
+    """A case that should have been paired but could not be (the previous release's image cannot be had)."""
+    doc.setdefault("environment", {})["paired"] = {"baseline": label, "order": [], "reason": reason, "pairs": 0}
+    return doc

@@ -1,0 +1,79 @@
+"""Paired baseline end to end through `qualify run` (issue 14): the previous release's environment re-measured
+beside the candidate, interleaved A B A B in one Ray task, the gate comparing pair by pair.
+
+The cases are synthetic (they report the figures they are given, `slowdown` divides them): what is tested
+here is the pairing, the interleaving, the stored samples and the verdicts, in seconds. The real training
+workload in both modes is measured by benchmarks/paired_vs_history.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.flows import db_rows, results, run_qualify
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
+
+FIGURES = [100.0, 101.0, 99.0]
+
+
+def _manifest(path: Path, tag: str, previous: str | None, *, slowdown: float = 0.0, baseline: str = "paired"
+              ) -> Path:
+    params: dict[str, Any] = {"launch_samples": [{"tokens_per_s": [v]} for v in FIGURES]}
+    if slowdown:
+        params["slowdown"] = slowdown
+    data: dict[str, Any] = {
+        "apiVersion": "qualify/v1",
+        "release": {"name": "pair", "repository": "127.0.0.1:5000/q/pair", "tag": tag,
+                    "candidate_tag": f"{tag}-rc1", **({"previous_tag": previous} if previous else {})},
+        "execution": {"executor": "local", "case_timeout_s": 60, "infra_retries": 0, "launches": 3},
+        "custom_cases": [{"name": "fast", "kind": "synthetic", "params": params}],
+        "gate": {"regression": {"baseline": baseline, "max_regression": 0.05, "min_samples": 3}},
+        "promotion": {"on_pass": False, "targets": [{"name": "public", "reference": f"127.0.0.1:5000/q/pub:{tag}"}]},
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _run(tmp: Path, db: str, manifest: Path) -> tuple[int, dict[str, Any]]:
+    res = run_qualify(["run", str(manifest), "--db", db, "--json"], tmp)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, json.loads(res.stdout)
+
+
+def _regression(outcome: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in outcome["reasons"] if r["check"] == "regression")
+
+
+def test_paired_runs_interleave_and_judge_pairs(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    code, first = _run(tmp_path, db, _manifest(tmp_path / "base.yaml", "1.0", None, baseline="optional"))
+    assert (code, first["verdict"]) == (0, "PASS"), first["reasons"]
+
+    # The same environment against itself: PASS, the pairs stored, A B A B on one node.
+    code, same = _run(tmp_path, db, _manifest(tmp_path / "same.yaml", "1.1", "1.0"))
+    assert (code, same["verdict"]) == (0, "PASS"), same["reasons"]
+    reason = _regression(same)
+    assert reason["status"] == "PASS" and "paired" in reason["message"] and "3 pairs" in reason["message"]
+    env = results(db, same["run_id"])["synthetic/fast"]["environment"]
+    assert env["paired"]["order"] == ["A0", "B0", "A1", "B1", "A2", "B2"]
+    assert env["paired"]["pairs"] == 3 and "local interpreter" in env["paired"]["baseline"]
+    [row] = db_rows(db, "SELECT samples FROM case_results WHERE run_id = :r", r=same["run_id"])
+    samples = json.loads(row["samples"]) if isinstance(row["samples"], str) else row["samples"]
+    assert samples["paired_baseline.per_launch.tokens_per_s"] == FIGURES
+    assert samples["per_launch.tokens_per_s"] == FIGURES
+
+    # A 10% slower candidate (the baseline side never gets the switch): FAIL.
+    code, slow = _run(tmp_path, db, _manifest(tmp_path / "slow.yaml", "1.2", "1.0", slowdown=0.10))
+    assert (code, slow["verdict"]) == (1, "FAIL"), slow["reasons"]
+    assert _regression(slow)["status"] == "FAIL"
+
+    # A previous release that was never qualified: no image to re-measure, INCOMPLETE with the reason.
+    code, orphan = _run(tmp_path, db, _manifest(tmp_path / "orphan.yaml", "2.1", "2.0"))
+    assert (code, orphan["verdict"]) == (1, "INCOMPLETE"), orphan["reasons"]
+    reason = _regression(orphan)
+    assert reason["status"] == "INCOMPLETE" and "has no run whose latest decision is PASS" in reason["message"]
