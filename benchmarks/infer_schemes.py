@@ -8,7 +8,9 @@ machine noise hits every scheme alike; prints output tokens/s (median over all r
 of all rounds, with the spread) and its ratio to the unquantized reference, and the
 agreement figures (token agreement, top-k overlap, KL(ref || quant), perplexity delta),
 which are deterministic. Throughput on 2 shared cores varies by about +-20% between
-identical runs (MACHINE-NOTES): read the ratios, not the absolute figures.
+identical runs (MACHINE-NOTES): read the ratios, not the absolute figures. Each round is one
+independent launch per scheme: the table gives the launch-level CV (of the launches' own figures,
+what the gate tests) next to the within-launch CV (of one launch's repeats, median over launches).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def run_case(params: dict) -> dict:
     return doc
 
 
+def cv(values: list[float]) -> float | None:
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else None
+
+
 def fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -48,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="tiny-qwen3")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -57,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     schemes = args.schemes.split(",")
 
     rates: dict[str, list[float]] = {s: [] for s in schemes}
+    per_launch: dict[str, list[float]] = {s: [] for s in schemes}
+    within: dict[str, list[float]] = {s: [] for s in schemes}
     last: dict[str, dict] = {}
     for rnd in range(args.rounds):
         for scheme in schemes:
@@ -64,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                             "repeats": args.repeats, "num_prompts": args.num_prompts,
                             "max_new_tokens": args.max_new_tokens, "probes": []})
             rates[scheme] += doc["samples"]["output_tokens_per_s"]
+            per_launch[scheme].append(doc["metrics"]["output_tokens_per_s"])
+            if len(doc["samples"]["output_tokens_per_s"]) > 1:
+                within[scheme].append(cv(doc["samples"]["output_tokens_per_s"]))
             last[scheme] = doc
             print(f"round {rnd + 1}/{args.rounds} {scheme}: {doc['metrics']['output_tokens_per_s']:.1f} tok/s",
                   file=sys.stderr)
@@ -73,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {args.model} | {env['device_name']} | threads {args.threads} | torch {env['torch']} | "
           f"torchao {env['torchao']} | transformers {env['transformers']} | rounds {args.rounds} x repeats "
           f"{args.repeats} x {args.num_prompts} prompts x {args.max_new_tokens} new tokens")
-    header = (f"{'scheme':7} {'tok/s':>7} {'spread':>7} {'x ref':>6} {'tpot ms':>8} {'agree':>7} {'top5':>7} "
+    header = (f"{'scheme':7} {'tok/s':>7} {'spread':>7} {'cv lau':>7} {'cv in':>6} {'x ref':>6} {'tpot ms':>8} {'agree':>7} {'top5':>7} "
               f"{'KL':>9} {'ppl':>7} {'dppl':>8} {'MB':>6} {'x ref':>6}")
     print(header)
     print("-" * len(header))
@@ -84,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         spread = (max(rates[scheme]) - min(rates[scheme])) / med
         row = {
             "output_tokens_per_s": med, "spread": spread,
+            "cv_between_launches": cv(per_launch[scheme]),
+            "cv_within_launch": statistics.median(within[scheme]) if within[scheme] else None,
             "throughput_ratio": med / ref_rate if ref_rate else None,
             "tpot_s_p50": m["tpot_s_p50"], "token_agreement": m["token_agreement"],
             "topk_overlap": m["topk_overlap"], "kl_div_mean": m["kl_div_mean"], "perplexity": m["perplexity"],
@@ -91,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             "weight_ratio": m["weight_bytes"] / m["weight_bytes_ref"],
         }
         table[scheme] = row
-        print(f"{scheme:7} {med:7.1f} {spread:7.0%} {fmt(row['throughput_ratio'], '6.2f')} "
+        print(f"{scheme:7} {med:7.1f} {spread:7.0%} {fmt(row['cv_between_launches'], '7.1%')} "
+              f"{fmt(row['cv_within_launch'], '6.1%')} {fmt(row['throughput_ratio'], '6.2f')} "
               f"{row['tpot_s_p50'] * 1e3:8.2f} {row['token_agreement']:7.4f} {row['topk_overlap']:7.4f} "
               f"{row['kl_div_mean']:9.2e} {row['perplexity']:7.4f} {row['perplexity_delta']:+8.4f} "
               f"{row['weight_bytes'] / 2**20:6.2f} {row['weight_ratio']:6.2f}")

@@ -252,6 +252,8 @@ def _baseline(d: dict[str, Any]) -> str:
     out = ["<section id='baseline'><h2>Comparison with the baseline</h2>"]
     view = d.get("baseline")
     mode = ((d.get("policy") or {}).get("regression") or {}).get("baseline", "history")
+    if d.get("paired") is not None:
+        return _paired(d["paired"], (d.get("policy") or {}).get("regression") or {})
     if not view:
         out.append(f"<p class='note'>{esc(d.get('baseline_note') or 'no baseline')} "
                    f"(baseline mode: {esc(mode)}).</p></section>")
@@ -280,6 +282,35 @@ def _baseline(d: dict[str, Any]) -> str:
                       classes=["", "", "num", "num", "num", "num", "num", "num", "", "", ""], row_classes=classes))
     out.append(_img(charts.baseline_chart(view["rows"], f"change against run {a['run_id']} ({a['label']})"),
                     "baseline comparison chart"))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _paired(rows_in: list[dict[str, Any]], pol: dict[str, Any]) -> str:
+    """gate.regression.baseline: paired -- the previous release measured beside the candidate, launch by launch."""
+    out = ["<section id='baseline'><h2>Comparison with the baseline (paired)</h2>",
+           "<p>The previous release's image was measured on the same node as the candidate, launches interleaved "
+           "A B A B, so that the machine's state is the same for both sides of a pair. Rule: a regression is a "
+           f"median pair change beyond {pol.get('max_regression', 0):.0%} that is significant (one-sided paired "
+           f"t-test on the log ratios, p &lt; {pol.get('alpha', 0.05):g}) with ≥ {pol.get('min_samples')} pairs, "
+           f"else beyond the noise floor {pol.get('noise_floor', 0):.0%}.</p>"]
+    if not rows_in:
+        out.append("<p class='note'>no paired comparison was recorded</p></section>")
+        return "".join(out)
+    rows, classes = [], []
+    for r in rows_in:
+        cand, base = r.get("candidate") or [], r.get("baseline_samples") or []
+        pairs = " ".join(f"{c:.4g}/{b:.4g}" for c, b in zip(cand, base)) or "n/a"
+        rows.append([esc(r.get("case_id") or ""), esc(r.get("metric") or ""), _n(r.get("median_baseline")),
+                     _n(r.get("median_candidate")),
+                     esc(f"{r['ratio']:.3f}" if r.get("ratio") is not None else "n/a"),
+                     esc(f"{r['p_value']:.3g}" if r.get("p_value") is not None else "n/a"), esc(pairs),
+                     esc(" ".join(r.get("order") or []) or "n/a"), esc(r.get("baseline") or "n/a"),
+                     _status(r.get("status")), esc(r.get("message") or "")])
+        classes.append("bad" if r.get("status") == "FAIL" else "")
+    out.append(_table(["case", "metric", "baseline median", "candidate median", "median pair ratio", "p",
+                       "pairs (candidate/baseline)", "order", "baseline image", "gate", "detail"], rows,
+                      classes=["", "", "num", "num", "num", "num", "", "", "", "", ""], row_classes=classes))
     out.append("</section>")
     return "".join(out)
 

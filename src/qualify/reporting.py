@@ -209,7 +209,14 @@ def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     detail["baseline_note"] = None
     base_id = decision["baseline_run_id"] if decision else None
     base_run = repo.get_run(session, base_id) if base_id else None
-    if base_run is not None:
+    if detail["policy"].get("regression", {}).get("baseline") == "paired":
+        # The baseline was measured beside the candidate: the gate's pair-by-pair figures are the comparison.
+        detail["paired"] = [{"case_id": r.get("case_id"), "status": r["status"], "message": r["message"],
+                             **(r.get("figures") or {})}
+                            for r in (decision["reasons"] if decision else []) if r["check"] == "regression"]
+        if not decision:
+            detail["baseline_note"] = "the run has no gate decision yet"
+    elif base_run is not None:
         comparison = compare_runs(session, describe_run(session, base_run, "the baseline run the gate used"),
                                   describe_run(session, run, "this run"))
         view = comparison.to_dict()

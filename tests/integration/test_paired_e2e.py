@@ -67,6 +67,14 @@ def test_paired_runs_interleave_and_judge_pairs(tmp_path: Path) -> None:
     assert samples["paired_baseline.per_launch.tokens_per_s"] == FIGURES
     assert samples["per_launch.tokens_per_s"] == FIGURES
 
+    # `runs show` and the report show the pairs.
+    shown = run_qualify(["runs", "show", str(same["run_id"]), "--db", db], tmp_path)
+    assert shown.returncode == 0 and "paired, median pair ratio 1.0000" in shown.stdout, shown.stdout
+    report = run_qualify(["report", str(same["run_id"]), "--db", db, "--out", str(tmp_path / "rep")], tmp_path)
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "rep" / f"run-{same['run_id']}.html").read_text()
+    assert "Comparison with the baseline (paired)" in html and "A0 B0 A1 B1 A2 B2" in html
+
     # A 10% slower candidate (the baseline side never gets the switch): FAIL.
     code, slow = _run(tmp_path, db, _manifest(tmp_path / "slow.yaml", "1.2", "1.0", slowdown=0.10))
     assert (code, slow["verdict"]) == (1, "FAIL"), slow["reasons"]

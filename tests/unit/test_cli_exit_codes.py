@@ -64,3 +64,14 @@ def test_readme_states_the_exit_codes_the_code_uses() -> None:
     stated = {int(n): text for n, text in re.findall(r"(\d) ([a-zA-Z/ ]+?)(?:,|\.|$)", line)}
     assert set(stated) == {int(c) for c in ExitCode}, line
     assert "PASS" in stated[0] and "FAIL" in stated[1] and "input" in stated[2] and "infra" in stated[3]
+
+
+@pytest.mark.parametrize("argv", [["no-such-command"], ["run", "--no-such-option", "x.yaml"], ["gate", "check"],
+                                  ["runs", "show", "not-a-number"]])
+def test_command_line_mistakes_are_usage_errors_not_infrastructure(argv: list[str]) -> None:
+    """typer vendors click (typer._click): its UsageError was reported as an infrastructure error, exit 3."""
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == ExitCode.BAD_INPUT, (result.exit_code, result.output)
+    assert "infrastructure error" not in result.output

@@ -62,13 +62,30 @@ def load(path: Path) -> LoadedManifest:
     return load_manifest(path)
 
 
+def _command_line_exceptions() -> tuple[type[BaseException], ...]:
+    """What the command-line layer raises for its own handling (usage errors exit 2 with the usage, --help exits 0).
+
+    typer >= 0.2x vendors click as typer._click: its UsageError is not click's, and an unknown command or a bad
+    option must never be reported as an infrastructure failure."""
+    found: list[type[BaseException]] = [click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
+                                         typer.Exit, typer.Abort]
+    try:
+        from typer._click import exceptions as vendored
+    except ImportError:  # a typer that uses click itself
+        return tuple(found)
+    return tuple(found + [vendored.ClickException])
+
+
+COMMAND_LINE_EXCEPTIONS = _command_line_exceptions()
+
+
 class QualifyGroup(typer.core.TyperGroup):
     """The command group whose invoke maps every error to its exit code, once for all commands."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, typer.Exit, typer.Abort):
+        except COMMAND_LINE_EXCEPTIONS:
             raise
         except QualifyError as exc:
             for line in exc.lines:

@@ -239,7 +239,8 @@ def compare_pairs(candidate: Sequence[float], baseline: Sequence[float], directi
             verdict = f"within the {max_regression:.0%} tolerance (p={p:.3g})"
         else:
             verdict = f"beyond {max_regression:.0%} but not significant (p={p:.3g} >= {alpha:g}): noise"
-        msg = f"paired, {change}, {n} pairs, one-sided paired t-test on log ratios: {verdict}"
+        each = ", ".join(f"{c / b:.3f}" for c, b in positive)
+        msg = f"paired, {change}, {n} pairs (ratios {each}), one-sided paired t-test on log ratios: {verdict}"
         return Comparison(**common, ratio=ratio, worse=worse, p_value=p, method="paired-t-log",
                           tolerance=max_regression, regressed=regressed, message=msg)
     tolerance = max(max_regression, noise_floor)
