@@ -290,6 +290,7 @@ def make_executor(ctx: RunContext, build: BuildResult) -> Executor:
 
 def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
     """Run the probe workload inside the candidate and store one check per component."""
+    from qualify import node_facts
     from qualify.manifest import Resources
     from qualify.ray_backend import run_case_on_ray
 
@@ -297,14 +298,17 @@ def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
     if not components:
         return []
     assert ctx.executor is not None, "obtain_candidate() sets the executor"
-    doc = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300).doc
+    probe = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300)
+    doc = probe.doc
     if doc.get("status") != CaseStatus.PASSED:
         checks = compare_components(components, {})
         for check in checks:
             check["detail"] = f"probe failed ({doc.get('error_class')}): {doc.get('error')}"
             check["ok"] = check["ok"] and check["optional"]
     else:
-        checks = compare_components(components, doc["environment"].get("facts", {}))
+        # The driver is the node's: read on the host side of the node the probe ran on, not in the image.
+        node = node_facts.facts_of_node(probe.node_id) if any(c.source == "driver" for c in components) else None
+        checks = compare_components(components, doc["environment"].get("facts", {}), node)
     with ctx.run_row() as (session, run):
         repo.record_component_checks(session, run, checks)
     return checks
