@@ -77,8 +77,7 @@ def ray_options(resources: Resources) -> dict[str, Any]:
     """Ray scheduling options for a case: CPUs, GPUs, custom resources, accelerator type."""
     nodes = max(1, resources.nodes)
     options: dict[str, Any] = {
-        # A multi-node case's driver task holds one node's share; the rest is reserved by
-        # the launcher (multi-node launching is a later step, see docs/ARCHITECTURE.md).
+        # One node's share: a multi-node case reserves one such bundle per node (ray_multinode).
         "num_cpus": resources.cpus / nodes,
         "num_gpus": resources.gpus / nodes,
         "max_retries": 0,  # retries are the driver's decision (infrastructure failures only)
@@ -159,7 +158,14 @@ def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
 
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
                     timeout_s: float) -> RayCaseResult:
-    """Submit one case and wait for it; a lost worker or node becomes an `infra` result, not an exception."""
+    """Submit one case and wait for it; a lost worker or node becomes an `infra` result, not an exception.
+
+    One call is one launch of the case, whatever its node count: `nodes > 1` goes to ray_multinode.
+    """
+    if resources.nodes > 1:
+        from qualify.ray_multinode import run_multinode_case
+
+        return RayCaseResult(**run_multinode_case(executor, case_doc, resources, timeout_s).fields())
     submitted = time.time()
     ref = execute_case.options(**ray_options(resources)).remote(executor, case_doc, timeout_s, submitted)
     try:
