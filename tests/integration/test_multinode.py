@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -21,7 +22,7 @@ from typing import Iterator
 import pytest
 import yaml
 from support.flows import db_rows, results, run_qualify
-from support.listeners import ListenerSampler, environ_has
+from support.listeners import ListenerSampler, environ_has, processes_with
 from support.ray_cluster import CLIENT_ENV, LocalCluster, loopback_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.workload]
@@ -93,30 +94,36 @@ def test_two_node_deepspeed_case_runs_one_rank_group_per_ray_node(tmp_path: Path
     assert_loopback_only(ray_nodes, "the Ray cluster")
 
 
-NAN_DRIVER = r"""
+DRIVER = r"""
 import json, sys
 import ray
 from qualify.executors import LocalExecutor
 from qualify.manifest import Resources
 from qualify.ray_backend import run_case_on_ray
 from qualify.workloads import protocol
-address, params, timeout = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+address, params, timeout, mark = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 ray.init(address=address, log_to_driver=False)
-case = protocol.make_case("train/2node-nan", "train", params, timeout_s=timeout)
-out = run_case_on_ray(LocalExecutor(), case, Resources(cpus=2, nodes=2), timeout)
-print(json.dumps({"doc": out.doc, "exec_s": out.exec_s, "retryable": out.retryable}))
+case = protocol.make_case("train/2node", "train", params, timeout_s=timeout)
+executor = LocalExecutor(extra_env={"QUALIFY_TEST_MARK": mark})
+out = run_case_on_ray(executor, case, Resources(cpus=2, nodes=2), timeout)
+groups = [g["state"] for g in ray.util.placement_group_table().values()]
+print(json.dumps({"doc": out.doc, "exec_s": out.exec_s, "retryable": out.retryable, "groups": groups}))
 """
+
+
+def launch(cluster: LocalCluster, params: dict, timeout_s: float, mark: str) -> dict:
+    """One launch of a nodes: 2 case from a driver process of its own (run_case_on_ray, no Prefect)."""
+    res = subprocess.run([sys.executable, "-c", DRIVER, cluster.address, json.dumps(params), str(timeout_s), mark],
+                         capture_output=True, text=True, timeout=timeout_s + 200, env={**os.environ, **CLIENT_ENV})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def test_nan_on_the_second_node_is_nan_loss_not_a_timeout(cluster: LocalCluster) -> None:
     # Issue 12: a NaN on a rank of another node left rank 0 waiting until the timeout and the real
     # error was lost. Here rank 1 (node 1) gets a NaN at step 1; the case fails nan_loss, promptly.
     params = {"model": "tiny-llama", **QUICK, "steps": 3, "inject": {"nan_at_step": 1, "rank": 1}}
-    res = subprocess.run([sys.executable, "-c", NAN_DRIVER, cluster.address, json.dumps(params), str(TIMEOUT_S)],
-                         capture_output=True, text=True, timeout=TIMEOUT_S + 200,
-                         env={**os.environ, **CLIENT_ENV})
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = launch(cluster, params, TIMEOUT_S, uuid.uuid4().hex)
     doc = out["doc"]
     assert (doc["status"], doc["error_class"]) == ("failed", "nan_loss"), doc["error"]
     assert doc["error"].startswith("node 1 ") and "rank 1: loss is nan at step 1" in doc["error"]
@@ -124,4 +131,22 @@ def test_nan_on_the_second_node_is_nan_loss_not_a_timeout(cluster: LocalCluster)
     assert env["ranks"]["1"]["error_class"] == "nan_loss" and env["ranks"]["0"]["status"] != "passed"
     assert [n["ranks"] for n in env["nodes"]] == [[0], [1]]
     assert out["retryable"] is False
+    assert out["groups"] and set(out["groups"]) == {"REMOVED"}  # the failed launch gave its nodes back
     assert out["exec_s"] < TIMEOUT_S / 3  # the other node stopped at once, not at a timeout
+
+
+def test_hung_ranks_time_out_on_every_node_and_leave_nothing(cluster: LocalCluster) -> None:
+    # Ranks that hang deaf to SIGTERM once launched (as in a stuck collective): each node's executor
+    # stops its whole tree at the case timeout; the group is removed and no process of the case is left.
+    mark = uuid.uuid4().hex
+    timeout = 25
+    out = launch(cluster, {"model": "tiny-llama", **QUICK, "inject": {"hang_after_launch_s": 600}}, timeout, mark)
+    doc = out["doc"]
+    assert (doc["status"], doc["error_class"]) == ("error", "timeout"), doc["error"]
+    assert [n["error_class"] for n in doc["environment"]["nodes"]] == ["timeout", "timeout"]
+    assert out["exec_s"] < timeout + 60 and out["retryable"] is False
+    assert set(out["groups"]) == {"REMOVED"}
+    deadline = time.monotonic() + 30
+    while processes_with("QUALIFY_TEST_MARK", mark) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert processes_with("QUALIFY_TEST_MARK", mark) == []

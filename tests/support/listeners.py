@@ -1,4 +1,5 @@
-"""Which TCP ports processes listen on, sampled while they run (`ss -ltnp` and /proc)."""
+"""Which TCP ports processes listen on, sampled while they run (`ss -ltnp` and /proc), and which
+processes carry a marker variable."""
 
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ def environ_has(pid: int, name: str, value: str) -> bool:
     except OSError:
         return False
     return f"{name}={value}".encode() in data.split(b"\0")
+
+
+def processes_with(name: str, value: str) -> list[int]:
+    """Living processes whose environment holds name=value (what a case started carries it down)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and environ_has(int(entry.name), name, value):
+            try:
+                if (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            except OSError:
+                continue
+            found.append(int(entry.name))
+    return found
 
 
 def cmdline(pid: int) -> str:
