@@ -7,7 +7,8 @@ tests/integration/test_multinode.py.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import socket
 from typing import Any
 
 import pytest
@@ -137,10 +138,7 @@ def test_torchrun_store_gets_a_listener_bound_to_the_master_address() -> None:
     make = torchrun._bound_tcp_store(FakeStore)
     make("127.0.0.1", 0, 2, True, multi_tenant=True)
     make("127.0.0.1", 1234, 2, False)
-    (master_args, master_kwargs), (client_args, client_kwargs) = made
-    import os
-    import socket
-
+    (master_args, master_kwargs), (_, client_kwargs) = made
     fd = master_kwargs["master_listen_fd"]
     with socket.socket(fileno=fd) as sock:  # the store would own it; here the test closes it
         assert sock.getsockname()[0] == "127.0.0.1"
