@@ -288,8 +288,9 @@ def run_multinode_case(executor: Executor, case_doc: dict[str, Any], resources: 
     problem = multinode_problem(case_doc, executor)
     if problem:
         return _refused(case_doc, "bad_case", problem, retryable=False, started=submitted)
-    pg = placement_group([node_bundle(resources)] * resources.nodes, strategy="STRICT_SPREAD")
+    pg: PlacementGroup | None = None
     try:
+        pg = placement_group([node_bundle(resources)] * resources.nodes, strategy="STRICT_SPREAD")
         wait_s = max(PG_READY_MIN_S, timeout_s)
         try:
             ray.get(pg.ready(), timeout=wait_s)
@@ -303,4 +304,13 @@ def run_multinode_case(executor: Executor, case_doc: dict[str, Any], resources: 
                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", retryable=True,
                         started=submitted)
     finally:
+        if pg is not None:
+            _remove(pg)
+
+
+def _remove(pg: PlacementGroup) -> None:
+    """Give the nodes back (ends any task still in the group); a Ray that is gone has nothing to give back."""
+    try:
         remove_placement_group(pg)
+    except Exception:  # noqa: BLE001 - never mask the case's own result with a cleanup error
+        pass
