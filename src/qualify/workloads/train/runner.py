@@ -198,7 +198,14 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
         import datetime
 
         dist_kwargs["timeout"] = datetime.timedelta(seconds=max(30.0, min(1800.0, timeout_s / 2)))
-    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None, **dist_kwargs)
+    backend = "gloo" if device.type == "cpu" else acc.communication_backend_name()
+    if settings.world_size == 1 and not torch.distributed.is_initialized():
+        # A lone process needs no rendezvous server: env:// would start a TCPStore listening on
+        # every interface (c10d binds the wildcard address). An in-memory store opens no port;
+        # deepspeed.init_distributed then keeps this process group.
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0,
+                                             world_size=1, **dist_kwargs)
+    deepspeed.init_distributed(dist_backend=backend, **dist_kwargs)
 
     env: dict[str, Any] = protocol.environment_base()
     env.update({
