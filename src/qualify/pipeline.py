@@ -365,6 +365,7 @@ def _paired_case(ctx: RunContext, case: Case) -> bool:
 
 def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
     """Run the probe workload inside the candidate and store one check per component."""
+    from qualify import node_facts
     from qualify.manifest import Resources
     from qualify.ray_backend import run_case_on_ray
 
@@ -372,14 +373,17 @@ def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
     if not components:
         return []
     assert ctx.executor is not None, "obtain_candidate() sets the executor"
-    doc = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300).doc
+    probe = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300)
+    doc = probe.doc
     if doc.get("status") != CaseStatus.PASSED:
         checks = compare_components(components, {})
         for check in checks:
             check["detail"] = f"probe failed ({doc.get('error_class')}): {doc.get('error')}"
             check["ok"] = check["ok"] and check["optional"]
     else:
-        checks = compare_components(components, doc["environment"].get("facts", {}))
+        # The driver is the node's: read on the host side of the node the probe ran on, not in the image.
+        node = node_facts.facts_of_node(probe.node_id) if any(c.source == "driver" for c in components) else None
+        checks = compare_components(components, doc["environment"].get("facts", {}), node)
     with ctx.run_row() as (session, run):
         repo.record_component_checks(session, run, checks)
     return checks
@@ -447,7 +451,7 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
     else:
         while True:
             attempts += 1
-            if _paired_case(ctx, case) and ctx.paired.executor is not None:  # type: ignore[union-attr]
+            if _paired_case(ctx, case) and ctx.paired.executor is not None and case.resources.nodes == 1:  # type: ignore[union-attr]
                 out = runner(ctx.executor, case.document(), case.resources, case.timeout_s,
                              baseline=ctx.paired.executor, baseline_doc=baseline_document(case))  # type: ignore[union-attr]
             else:
@@ -463,7 +467,9 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         from qualify.launches import unpaired
 
         assert ctx.paired is not None
-        doc = unpaired(doc, ctx.paired.label, ctx.paired.reason or "the case ran without its baseline")
+        why = ctx.paired.reason or ("a multi-node case is not re-measured in pairs" if case.resources.nodes > 1
+                                    else "the case ran without its baseline")
+        doc = unpaired(doc, ctx.paired.label, why)
     result = spool.SpooledResult(case_id=case.case_id, doc=doc, attempts=attempts, queue_wait_s=out.queue_wait_s,
                                  exec_s=out.exec_s, node=out.node,
                                  fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))

@@ -78,8 +78,7 @@ def ray_options(resources: Resources) -> dict[str, Any]:
     """Ray scheduling options for a case: CPUs, GPUs, custom resources, accelerator type."""
     nodes = max(1, resources.nodes)
     options: dict[str, Any] = {
-        # A multi-node case's driver task holds one node's share; the rest is reserved by
-        # the launcher (multi-node launching is a later step, see docs/ARCHITECTURE.md).
+        # One node's share: a multi-node case reserves one such bundle per node (ray_multinode).
         "num_cpus": resources.cpus / nodes,
         "num_gpus": resources.gpus / nodes,
         "max_retries": 0,  # retries are the driver's decision (infrastructure failures only)
@@ -194,6 +193,24 @@ def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[s
                          command=last.command)
 
 
+def _multinode_launches(executor: Executor, case_doc: dict[str, Any], resources: Resources,
+                        timeout_s: float) -> RayCaseResult:
+    from qualify.ray_multinode import run_multinode_case
+
+    results: list[RayCaseResult] = []
+
+    def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        result = RayCaseResult(**run_multinode_case(executor, doc, resources, timeout_s).fields())
+        results.append(result)
+        return result.doc, result.exec_s or 0.0
+
+    merged, _docs = launches.run_launches(case_doc, one_launch)
+    last = results[-1]
+    return RayCaseResult(doc=merged, exit_code=last.exit_code, exec_s=sum(r.exec_s or 0.0 for r in results),
+                         queue_wait_s=results[0].queue_wait_s, node=last.node, node_id=last.node_id,
+                         gpu_ids=last.gpu_ids, retryable=last.retryable, command=last.command)
+
+
 def _gpu_ids(context: Any) -> list[str]:
     try:
         return [str(x) for x in context.get_accelerator_ids().get("GPU", [])]
@@ -204,8 +221,14 @@ def _gpu_ids(context: Any) -> list[str]:
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
                     timeout_s: float, *, baseline: Executor | None = None,
                     baseline_doc: dict[str, Any] | None = None) -> RayCaseResult:
-    """Submit one case (its launches) and wait for it; a lost worker or node becomes an `infra` result, not an
-    exception. With a baseline executor the case is paired (execute_paired_case)."""
+    """Submit one case (its launches, qualify.launches) and wait for it; a lost worker or node becomes an
+    `infra` result, not an exception. With a baseline executor the case is paired (execute_paired_case).
+
+    `nodes > 1`: each launch is one ray_multinode launch over N nodes (its own placement group), the launches
+    one after the other from here (pairing is refused for such a case: the pipeline never asks it).
+    """
+    if resources.nodes > 1:
+        return _multinode_launches(executor, case_doc, resources, timeout_s)
     submitted = time.time()
     options = ray_options(resources)
     if baseline is not None:

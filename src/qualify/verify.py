@@ -47,8 +47,25 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def actual_version(component: Component, facts: dict[str, Any]) -> tuple[str | None, str]:
-    """The version found for a component, and where it came from (for the reason)."""
+UNKNOWN_DRIVER = "unknown on this node"
+
+
+def driver_version(node: dict[str, Any] | None) -> tuple[str | None, str]:
+    """The node's accelerator driver as its host side read it (qualify.node_facts), never the candidate's
+    claim: whatever the probe reports from inside the image is not looked at."""
+    node = node or {}
+    where = f"node {node.get('host') or '?'}: {node.get('driver_source') or 'no driver facts from the node'}"
+    if not node.get("driver"):
+        return None, f"{UNKNOWN_DRIVER} ({where})"
+    return str(node["driver"]), where
+
+
+def actual_version(component: Component, facts: dict[str, Any],
+                   node: dict[str, Any] | None = None) -> tuple[str | None, str]:
+    """The version found for a component, and where it came from (for the reason).
+
+    facts: what the probe found inside the candidate; node: the driver facts of the node it ran on.
+    """
     source = component.source
     if source == "os":
         os_info = facts.get("os") or {}
@@ -63,7 +80,7 @@ def actual_version(component: Component, facts: dict[str, Any]) -> tuple[str | N
     if source == "cuda":
         return facts.get("cuda_runtime") or facts.get("torch_cuda"), "torch.version.cuda"
     if source == "driver":
-        return facts.get("driver"), "accelerator driver"
+        return driver_version(node)
     if source == "env":
         return (facts.get("env") or {}).get(component.env or ""), f"${component.env}"
     if source == "command":
@@ -77,12 +94,16 @@ def actual_version(component: Component, facts: dict[str, Any]) -> tuple[str | N
     return None, f"unknown source {source!r}"
 
 
-def compare_components(components: list[Component], facts: dict[str, Any]) -> list[dict[str, Any]]:
-    """One check per component: expected vs actual, ok, and a reason. Missing is a failure, not an exception."""
+def compare_components(components: list[Component], facts: dict[str, Any],
+                       node: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One check per component: expected vs actual, ok, and a reason. Missing is a failure, not an exception.
+
+    node: the host-side facts of the node the probe ran on (the driver); None: unknown.
+    """
     checks: list[dict[str, Any]] = []
     facts = redact_facts(facts)
     for component in components:
-        actual, where = actual_version(component, facts)
+        actual, where = actual_version(component, facts, node)
         if actual == REDACTED:
             ok, reason = False, (f"the value of ${component.env} looks like a secret: qualify never reports "
                                  "it (name the variable that holds the version, not a credential)")

@@ -127,7 +127,7 @@ def test_deepspeed_config_merged_under_switches():
 def test_launch_commands():
     cmd = launch_command("torchrun", devices=8, nodes=2, node_rank=1, master_addr="10.0.0.1",
                          master_port=29500, case_path="/tmp/c.json", python="py")
-    assert cmd == ["py", "-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2",
+    assert cmd == ["py", "-m", "qualify.workloads.train.torchrun", "--nproc-per-node=8", "--nnodes=2",
                    "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500",
                    "-m", "qualify.workloads.train", "--case", "/tmp/c.json"]
     cmd = launch_command("deepspeed", devices=4, nodes=1, node_rank=0, master_addr="127.0.0.1",

@@ -14,6 +14,7 @@ its peers.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -33,6 +34,8 @@ _AGREE_ENV = ("world_size", "zero_stage", "dtype", "model")
 _AGREE_METRICS = ("tokens_per_step", "repeats")
 
 MODULE = "qualify.workloads.train"
+# torchrun with its rendezvous store bound to the master address (train/torchrun.py).
+TORCHRUN_MODULE = "qualify.workloads.train.torchrun"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,7 +65,7 @@ def launch_command(launcher: str, *, devices: int, nodes: int, node_rank: int,
                    python: str = sys.executable, hostfile: str | None = None) -> list[str]:
     """The command that starts `devices` workers on this node (one node of `nodes`)."""
     if launcher == "torchrun":
-        return [python, "-m", "torch.distributed.run",
+        return [python, "-m", TORCHRUN_MODULE,
                 f"--nproc-per-node={devices}", f"--nnodes={nodes}", f"--node-rank={node_rank}",
                 f"--master-addr={master_addr}", f"--master-port={master_port}",
                 "-m", MODULE, "--case", case_path]
@@ -79,6 +82,34 @@ def launch_command(launcher: str, *, devices: int, nodes: int, node_rank: int,
     raise ValueError(f"launcher {launcher!r} does not relaunch")
 
 
+def is_loopback(host: str) -> bool:
+    """True for a loopback address or localhost (resolved: a name may point at 127.0.1.1)."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def loopback_interface() -> str | None:
+    """The name of the loopback interface ("lo" on Linux), None when there is none."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in names if n == "lo"), next((n for n in names if n.startswith("lo")), None))
+
+
+def gloo_env(master_addr: str) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME=lo when the rendezvous is on loopback: a default, the user's own choice wins
+    (relaunch's `defaults`).
+
+    Without it gloo binds its pair sockets to the address the host name resolves to (a routable
+    one here), so ranks on one machine would listen on the network for nothing.
+    """
+    name = loopback_interface() if is_loopback(master_addr) else None
+    return {"GLOO_SOCKET_IFNAME": name} if name else {}
+
+
 def single_process_env(environ: Mapping[str, str] | None = None, port: int | None = None) -> dict[str, str]:
     """The rendezvous variables a lone process needs (only those not set already)."""
     present = _settings(environ).rendezvous
@@ -89,12 +120,16 @@ def single_process_env(environ: Mapping[str, str] | None = None, port: int | Non
     return out
 
 
-def relaunch(cmd: list[str], timeout_s: float | None, log, extra_env: Mapping[str, str] | None = None
-             ) -> tuple[int, str]:
-    """Run the launcher; stderr streams through, stdout (rank 0's document) is returned."""
+def relaunch(cmd: list[str], timeout_s: float | None, log, extra_env: Mapping[str, str] | None = None,
+             defaults: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Run the launcher; stderr streams through, stdout (rank 0's document) is returned.
+
+    extra_env replaces the inherited values; defaults only fill what is unset."""
     env = dict(os.environ)
     env[LAUNCHED_MARK] = "1"
     env.update(extra_env or {})
+    for name, value in (defaults or {}).items():
+        env.setdefault(name, value)
     log.info("relaunching: %s", " ".join(cmd))
     # Own process group: on a timeout the launcher and every worker it started go. The
     # launcher dies with this process (PR_SET_PDEATHSIG), and each rank with the launcher

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from qualify.workloads import protocol
 from qualify.workloads.settings import WorkloadSettings
 from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
-from qualify.workloads.train.launch import (RANK_RESULT_DIR, choose_launcher, free_port, is_launched,
+from qualify.workloads.train.launch import (RANK_RESULT_DIR, choose_launcher, free_port, gloo_env, is_launched,
                                             launch_command, merge_rank_results, rank_result_path,
                                             read_rank_results, relaunch, single_process_env)
 from qualify.workloads.train.mfu import mfu, peak_dtype, resolve_peak
@@ -120,7 +120,7 @@ def _relaunched(case, p: TrainParams, launcher: str, timeout_s, log) -> dict[str
     stdout = ""
     try:
         try:
-            rc, stdout = relaunch(cmd, timeout_s, log, {RANK_RESULT_DIR: scratch})
+            rc, stdout = relaunch(cmd, timeout_s, log, {RANK_RESULT_DIR: scratch}, defaults=gloo_env(p.master_addr))
         except (subprocess.TimeoutExpired, _Timeout) as exc:
             problem = f"{launcher}: " + (str(exc) if isinstance(exc, _Timeout) else f"did not finish in {timeout_s} s")
         docs = read_rank_results(scratch)
@@ -198,7 +198,14 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
         import datetime
 
         dist_kwargs["timeout"] = datetime.timedelta(seconds=max(30.0, min(1800.0, timeout_s / 2)))
-    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else None, **dist_kwargs)
+    backend = "gloo" if device.type == "cpu" else acc.communication_backend_name()
+    if settings.world_size == 1 and not torch.distributed.is_initialized():
+        # A lone process needs no rendezvous server: env:// would start a TCPStore listening on
+        # every interface (c10d binds the wildcard address). An in-memory store opens no port;
+        # deepspeed.init_distributed then keeps this process group.
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0,
+                                             world_size=1, **dist_kwargs)
+    deepspeed.init_distributed(dist_backend=backend, **dist_kwargs)
 
     env: dict[str, Any] = protocol.environment_base()
     env.update({
