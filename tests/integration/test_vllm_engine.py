@@ -68,6 +68,8 @@ def test_reference_and_w8a8_on_the_real_engine(executor: ContainerExecutor) -> N
     assert env["device"] == "cpu" and env["kv_cache_block_size"] == 128
     # Engine timestamps (RequestStateStats), full logprobs, the model is its own reference.
     assert env["timing"] == "engine_stats" and env["logprobs"] == "full" and env["itl_source"]
+    # Every measured repeat starts from an emptied prefix cache, and the engine accepted each reset.
+    assert env["prefix_cache_resets"] >= BASE["repeats"] and env["prefix_cache_resets_refused"] == 0
     m = ref["metrics"]
     assert m["token_agreement"] == 1.0 and m["kl_div_mean"] == pytest.approx(0.0, abs=1e-9)
     assert m["ttft_s_p50"] > 0 and m["tpot_s_p50"] > 0 and m["itl_s_p50"] > 0 and m["output_tokens_per_s"] > 1

