@@ -574,3 +574,19 @@ def test_cpu_refusals_name_the_reason():
     assert vllm_cpu_problem("gptq-w4a16", None) is None                          # unknown CPU: not refused
     assert "uint8b128" in vllm_cpu_problem("gptq-w8a16", frozenset({"avx512f"}))
     assert vllm_cpu_problem("w8a8", frozenset()) is None
+
+
+def test_llmcompressor_checkpoints_are_cached_by_preset_scheme_and_recipe(tmp_path):
+    from qualify.workloads.infer import compress
+
+    preset = tmp_path / "tiny-qwen3-seed0-steps120-c1"
+    final = compress.cache_dir_for(str(preset), "w8a8", tmp_path)
+    assert final.name == f"tiny-qwen3-seed0-steps120-c1-w8a8-r{compress.RECIPE_VERSION}"
+    assert compress.cache_dir_for(str(preset), "gptq-w4a16", tmp_path) != final
+    # A finished checkpoint (its meta written last) is returned as is: nothing is run.
+    final.mkdir(parents=True)
+    (final / compress.QUANT_META).write_text(json.dumps({"scheme": "w8a8", "llmcompressor": "0.14.0.1"}))
+    path, meta = compress.ensure_checkpoint(str(preset), "w8a8", 0, tmp_path, logging.getLogger("test"))
+    assert path == str(final) and meta["llmcompressor"] == "0.14.0.1"
+    with pytest.raises(ValueError, match="no llmcompressor recipe"):
+        compress.ensure_checkpoint(str(preset), "gptq-w8a16", 0, tmp_path, logging.getLogger("test"))
