@@ -27,8 +27,6 @@ from pydantic import BaseModel, ValidationError
 from qualify import metrics
 from qualify.errors import BadInput
 from qualify.imageref import InvalidReference, parse_reference
-from qualify.workloads.infer.catalog import TINY_PRESETS
-from qualify.workloads.infer.params import VLLM_PRESET_SCHEMES, cpu_flags, vllm_cpu_problem
 from qualify.manifest import (
     DEEPSEEK_R1_MAX_MODEL_LEN,
     ENGINE_SCHEMES,
@@ -42,6 +40,8 @@ from qualify.manifest import (
     is_model_path,
     training_presets,
 )
+from qualify.workloads.infer.catalog import TINY_PRESETS
+from qualify.workloads.infer.params import VLLM_PRESET_SCHEMES, cpu_flags, vllm_cpu_problem
 
 
 @dataclass(frozen=True)
