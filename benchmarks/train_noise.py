@@ -1,7 +1,7 @@
 """Noise of the training workload's throughput, the gate's A/A false-alarm rate, and compile/eager, in one run.
 
     python benchmarks/train_noise.py [--runs N] [--model tiny-llama] [--threads T]
-                                     [--steps S --warmup W --repeats R] [--compile-runs M]
+                                     [--steps S --warmup W --repeats R] [--compile-runs M] [--dtype D]
 
 Each run is one independent launch (a fresh process, as the executor starts it). Printed: the
 launch-level CV (across launches) next to the within-launch CV (across the repeats of one launch),
@@ -70,12 +70,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, help="override the default steps per repeat")
     ap.add_argument("--warmup", type=int, help="override the default warm-up steps")
     ap.add_argument("--repeats", type=int, help="override the default repeats")
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), help="override the default dtype (bf16 is emulated on "
+                    "CPUs without bf16 matmuls: slow)")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
 
     base: dict = {"model": args.model}
     for key, value in (("num_threads", args.threads), ("steps", args.steps),
-                       ("warmup_steps", args.warmup), ("repeats", args.repeats)):
+                       ("warmup_steps", args.warmup), ("repeats", args.repeats), ("dtype", args.dtype)):
         if value is not None:
             base[key] = value
     # Spread the compile runs evenly through the eager ones.

@@ -32,11 +32,15 @@ XPU = REPO / "releases" / "training-xpu-pytorch-25.05.yaml"
 
 
 def refusal(path: Path | str, max_s: float = 2.0) -> str:
-    """Load a manifest that must be refused, quickly; every problem line, joined."""
-    start = time.monotonic()
+    """Load a manifest that must be refused, quickly; every problem line, joined.
+
+    "Quickly" is this thread's CPU time (the machine is shared: wall time measures the neighbours too); a
+    generous wall-clock bound still catches a refusal that blocks (a FIFO, a device) instead of computing."""
+    start, cpu_start = time.monotonic(), time.thread_time()
     with pytest.raises(ManifestError) as info:
         load_manifest(path)
-    assert time.monotonic() - start < max_s
+    assert time.thread_time() - cpu_start < max_s
+    assert time.monotonic() - start < max(30.0, 10 * max_s)
     problems = info.value.problems
     assert problems and all(p.file == str(path) for p in problems)
     return "\n".join(str(p) for p in problems)
