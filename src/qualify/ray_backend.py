@@ -158,11 +158,7 @@ def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
         return outcome.doc, outcome.exec_s
 
     merged, _docs = launches.run_launches(case_doc, one_launch)
-    last = outcomes[-1]
-    return RayCaseResult(doc=merged, exit_code=last.exit_code, exec_s=sum(o.exec_s for o in outcomes),
-                         queue_wait_s=max(0.0, started - submitted_at), node=socket.gethostname(),
-                         node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=last.retryable,
-                         command=last.command)
+    return _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
 
 
 @ray.remote
@@ -186,9 +182,15 @@ def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[s
 
     merged = launches.run_paired(case_doc, baseline_doc, side(executor, True), side(baseline, False),
                                  baseline.describe())
+    return _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+
+
+def _task_result(merged: dict[str, Any], outcomes: list[Any], queue_wait_s: float, context: Any,
+                 gpu_ids: list[str]) -> RayCaseResult:
+    """The Ray task's answer: the merged document, the candidate's launches' time, the last launch's exit."""
     last = outcomes[-1]
     return RayCaseResult(doc=merged, exit_code=last.exit_code, exec_s=sum(o.exec_s for o in outcomes),
-                         queue_wait_s=max(0.0, started - submitted_at), node=socket.gethostname(),
+                         queue_wait_s=max(0.0, queue_wait_s), node=socket.gethostname(),
                          node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=last.retryable,
                          command=last.command)
 

@@ -136,6 +136,18 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
+def _tested_verdict(worse: float, p: float, max_regression: float, alpha: float) -> tuple[bool, str]:
+    """The rule with a test (unpaired or paired): the change beyond the tolerance AND significant."""
+    regressed = worse > max_regression and p < alpha
+    if regressed:
+        return True, f"regression beyond {max_regression:.0%} and significant (p={p:.3g} < {alpha:g})"
+    if worse <= 0:
+        return False, "no regression"
+    if worse <= max_regression:
+        return False, f"within the {max_regression:.0%} tolerance (p={p:.3g})"
+    return False, f"beyond {max_regression:.0%} but not significant (p={p:.3g} >= {alpha:g}): noise"
+
+
 def compare_samples(candidate: Sequence[float], baseline: Sequence[float], direction: Direction, *,
                     metric: str = "", max_regression: float = RECOMMENDED_MAX_REGRESSION,
                     alpha: float = RECOMMENDED_ALPHA, min_samples: int = RECOMMENDED_MIN_SAMPLES,
@@ -166,15 +178,7 @@ def compare_samples(candidate: Sequence[float], baseline: Sequence[float], direc
         p = (welch_log_worse(cand, base, direction) if test == "welch-log"
              else mann_whitney_worse(cand, base, direction))
         test_name = "Welch t-test on logs" if test == "welch-log" else "Mann-Whitney"
-        regressed = worse > max_regression and p < alpha
-        if regressed:
-            verdict = f"regression beyond {max_regression:.0%} and significant (p={p:.3g} < {alpha:g})"
-        elif worse <= 0:
-            verdict = "no regression"
-        elif worse <= max_regression:
-            verdict = f"within the {max_regression:.0%} tolerance (p={p:.3g})"
-        else:
-            verdict = f"beyond {max_regression:.0%} but not significant (p={p:.3g} >= {alpha:g}): noise"
+        regressed, verdict = _tested_verdict(worse, p, max_regression, alpha)
         msg = f"{change}, {len(cand)} vs {len(base)} {unit}, one-sided {test_name}: {verdict}"
         return Comparison(**common, ratio=ratio, worse=worse, p_value=p, method=test,
                           tolerance=max_regression, regressed=regressed, message=msg)
@@ -230,15 +234,7 @@ def compare_pairs(candidate: Sequence[float], baseline: Sequence[float], directi
 
             t_stat = statistics.fmean(bad) / (spread / math.sqrt(n))
             p = float(student_t.sf(t_stat, df=n - 1))
-        regressed = worse > max_regression and p < alpha
-        if regressed:
-            verdict = f"regression beyond {max_regression:.0%} and significant (p={p:.3g} < {alpha:g})"
-        elif worse <= 0:
-            verdict = "no regression"
-        elif worse <= max_regression:
-            verdict = f"within the {max_regression:.0%} tolerance (p={p:.3g})"
-        else:
-            verdict = f"beyond {max_regression:.0%} but not significant (p={p:.3g} >= {alpha:g}): noise"
+        regressed, verdict = _tested_verdict(worse, p, max_regression, alpha)
         each = ", ".join(f"{c / b:.3f}" for c, b in positive)
         msg = f"paired, {change}, {n} pairs (ratios {each}), one-sided paired t-test on log ratios: {verdict}"
         return Comparison(**common, ratio=ratio, worse=worse, p_value=p, method="paired-t-log",
