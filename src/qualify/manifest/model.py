@@ -30,6 +30,50 @@ from qualify.workloads.infer.params import (  # noqa: F401 - ENGINE_SCHEMES, PRE
 )
 from qualify.workloads.train.params import prefetch_bucket_problem
 
+__all__ = [
+    "NAME_RE",
+    "Name",
+    "Engine",
+    "Scheme",
+    "Probe",
+    "DEEPSEEK_R1_MAX_MODEL_LEN",
+    "WAIVER_MAX_MODEL_LEN",
+    "Strict",
+    "training_presets",
+    "inference_model_names",
+    "is_model_path",
+    "ReleaseInfo",
+    "HostPath",
+    "BuildSpec",
+    "ContainerOptIn",
+    "ContainerOptions",
+    "CaseKind",
+    "DEFAULT_LAUNCHES",
+    "MAX_LAUNCHES",
+    "ExecutionSpec",
+    "Component",
+    "Resources",
+    "TrainSettings",
+    "TrainModel",
+    "TrainVariant",
+    "TrainingMatrix",
+    "InferSettings",
+    "InferScheme",
+    "InferModel",
+    "InferenceMatrix",
+    "CustomCase",
+    "Threshold",
+    "RegressionPolicy",
+    "VariantGain",
+    "Waiver",
+    "GatePolicy",
+    "PromotionTarget",
+    "InsecureRegistryOptIn",
+    "PromotionSpec",
+    "ExpandedTarget",
+    "ReleaseManifest",
+]
+
 NAME_RE = r"^[a-z0-9][a-z0-9+._-]*$"
 Name = Annotated[str, Field(pattern=NAME_RE, max_length=64)]
 
