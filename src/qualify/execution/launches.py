@@ -21,10 +21,10 @@ Merged document (pure function, tested directly):
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
+from qualify.numbers import finite
 from qualify.result_document import LAUNCH_INDEX, PAIRED_BASELINE, PER_LAUNCH
 
 # Figures whose worst launch is the honest figure (a peak), not the median.
@@ -45,12 +45,6 @@ def launch_document(case_doc: Mapping[str, Any], index: int, count: int) -> dict
 def launch_count(case_doc: Mapping[str, Any]) -> int:
     value = case_doc.get("launches", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(float(value)) else None
 
 
 def _cv(values: Sequence[float]) -> float | None:
@@ -82,7 +76,7 @@ def merge_launches(docs: Sequence[Mapping[str, Any]], durations_s: Sequence[floa
     samples: dict[str, list[float]] = {}
     names = [k for d in docs for k in (d.get("metrics") or {})]
     for name in dict.fromkeys(names):
-        values = [_number((d.get("metrics") or {}).get(name)) for d in docs]
+        values = [finite((d.get("metrics") or {}).get(name)) for d in docs]
         present = [v for v in values if v is not None]
         if not present:
             metrics[name] = docs[0].get("metrics", {}).get(name)
@@ -112,7 +106,7 @@ def merge_launches(docs: Sequence[Mapping[str, Any]], durations_s: Sequence[floa
     metrics["launches"] = len(docs)
     base["metrics"] = metrics
     base["samples"] = samples
-    base["duration_s"] = sum(_number(d.get("duration_s")) or 0.0 for d in docs)
+    base["duration_s"] = sum(finite(d.get("duration_s")) or 0.0 for d in docs)
     return base
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from qualify.numbers import fmt_number
 from qualify.store import repo
 from qualify.store.models import CaseResult, Run
 
@@ -14,16 +15,6 @@ KEY_METRICS = {
     "infer": ("output_tokens_per_s", "token_agreement", "kl_div_mean", "perplexity_delta"),
     "sleep": ("wall_s",),
 }
-
-
-def fmt_number(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:.4g}"
-    return str(value)
 
 
 def key_metrics(result: CaseResult) -> str:
