@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 from sqlalchemy.orm import Session
 
+from qualify.attest.service import copy_to_targets as copy_attestations
 from qualify.errors import BadInput, ExitCode, Rejected
 from qualify.outcomes import Verdict
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
@@ -186,7 +187,8 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
                                                   f"{later.verdict}: promotion stopped before this target"))
                     continue
                 outcomes.append(_promote_one(client, t, source, source_ref, digest, dry_run=dry_run, force=force))
-            if not dry_run:
+            if not dry_run:  # the signed attestations travel with the image (a problem is logged, never fatal)
+                copy_attestations(client, src, digest, [o.target_ref for o in outcomes if o.ok])
                 _record(session, decision, outcomes, actor, reason=reason)
                 session.commit()
             return outcomes
