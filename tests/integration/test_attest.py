@@ -19,10 +19,10 @@ from qualify.attest import oci, statement
 from qualify.attest.check import collect
 from qualify.attest.service import after_decision, write_for_run
 from qualify.attest.signing import load_public_key
-from qualify.cases import expand
-from qualify.gate.service import evaluate_and_commit
+from qualify.manifest.cases import expand
+from qualify.gate.judging import evaluate_and_commit
 from qualify.imageref import ImageRef
-from qualify.manifest_load import load_manifest_text
+from qualify.manifest.load import load_manifest_text
 from qualify.promote import promote_run
 from qualify.registry import RegistryClient
 from qualify.store import repo
