@@ -31,9 +31,15 @@ REGRESSION_PAIRED = {"check": "regression", "case_id": "train/tiny/compile", "st
                      "figures": {"metric": "tokens_per_s", "ratio": 0.8, "tolerance": 0.05, "n_candidate": 4,
                                  "n_baseline": 4, "method": "paired-t-log", "baseline": "sha256:" + "cd" * 32,
                                  "baseline_samples": [1.0, 1.0, 1.0, 1.0]}}
+# the duet interval as gate/duet_stats stores it: relative change, positive = worse
 REGRESSION_DUET = {"check": "regression", "case_id": "train/tiny/duet", "status": "PASS", "message": "m",
-                   "figures": {"metric": "tokens_per_s", "ratio": 1.01, "design": "duet", "margin": 0.03,
-                               "interval_low": -0.02, "interval_high": 0.04, "n_candidate": 6, "n_baseline": 6}}
+                   "figures": {"metric": "tokens_per_s", "design": "duet", "estimate": -0.01, "lower": -0.04,
+                               "upper": 0.02, "n": 6, "baseline": "sha256:" + "12" * 32}}
+# the non-inferiority rule's figures: change and its worst/best ends, positive = better
+REGRESSION_NONINF = {"check": "regression", "case_id": "infer/tq/none", "status": "INCOMPLETE", "message": "m",
+                     "figures": {"metric": "latency_s_p90", "direction": "lower", "design": "history-runs",
+                                 "change": 0.01, "change_worst": -0.08, "change_best": 0.1, "max_regression": 0.05,
+                                 "n_candidate": 3, "n_baseline": 3}}
 THRESHOLD = {"check": "threshold:latency_s_p90", "case_id": "infer/tq/w8a8", "status": "PASS", "message": "m",
              "figures": {"metric": "latency_s_p90", "min": None, "max": 2.0, "value": 0.5}}
 
@@ -44,7 +50,8 @@ def facts(verdict: str = "PASS", reasons=None) -> predicate.DecisionFacts:
         candidate="127.0.0.1:5000/q/demo:1.1-rc1", digest=DIGEST,
         qualified_repositories=["127.0.0.1:5000/q/demo", "127.0.0.1:5000/pub/demo"], manifest_sha256="1" * 64,
         policy_sha256="2" * 64,
-        reasons=reasons if reasons is not None else [REGRESSION_HISTORY, REGRESSION_PAIRED, REGRESSION_DUET, THRESHOLD],
+        reasons=reasons if reasons is not None else [REGRESSION_HISTORY, REGRESSION_PAIRED, REGRESSION_DUET,
+                                                      REGRESSION_NONINF, THRESHOLD],
         waivers=[{"id": "KI-1", "cases": "infer/*", "check": "probe:prefix_cache", "reason": "known issue",
                   "expires": dt.date(2026, 12, 31)}],
         fingerprints=[{"device": "cpu", "world_size": 1, "resources.cpus": 2}, {"device": "cpu", "world_size": 1}],
@@ -99,15 +106,18 @@ def test_our_predicate_round_trips_through_its_model_and_carries_the_evidence() 
     assert body["waivers"] == [{"id": "KI-1", "cases": "infer/*", "check": "probe:prefix_cache",
                                 "reason": "known issue", "expires": "2026-12-31"}]
     assert [c["caseId"] for c in body["checks"]] == ["train/tiny/base", "train/tiny/compile", "train/tiny/duet",
-                                                      "infer/tq/w8a8"]
+                                                      "infer/tq/none", "infer/tq/w8a8"]
     by_case = {c["caseId"]: c for c in body["comparisons"]}
-    history, paired, duet, threshold = (by_case[k] for k in ("train/tiny/base", "train/tiny/compile",
-                                                             "train/tiny/duet", "infer/tq/w8a8"))
+    history, paired, duet, noninf, threshold = (by_case[k] for k in (
+        "train/tiny/base", "train/tiny/compile", "train/tiny/duet", "infer/tq/none", "infer/tq/w8a8"))
     assert history["design"] == "history" and history["baselineDigest"] == "sha256:" + "ef" * 32
     assert history["change"] == pytest.approx(-0.03) and history["margin"] == 0.05 and history["interval"] is None
     assert paired["design"] == "paired" and paired["baselineDigest"] == "sha256:" + "cd" * 32
     assert paired["nCandidate"] == 4 and paired["status"] == "FAIL"
-    assert duet["design"] == "duet" and duet["interval"] == [-0.02, 0.04] and duet["margin"] == 0.03
+    assert duet["design"] == "duet" and duet["change"] == pytest.approx(0.01)
+    assert duet["interval"] == pytest.approx([-0.02, 0.04]) and duet["baselineDigest"] == "sha256:" + "12" * 32
+    assert noninf["design"] == "history" and noninf["change"] == 0.01 and noninf["interval"] == [-0.08, 0.1]
+    assert noninf["margin"] == 0.05 and noninf["status"] == "INCOMPLETE"
     assert threshold["design"] == "threshold" and threshold["value"] == 0.5 and threshold["bound"] == 2.0
     # the hardware fingerprint: the distinct hardware, hashed; the same set in another order hashes the same
     assert len(body["hardware"]) == 2

@@ -47,9 +47,9 @@ class Comparison(_Model):
     baseline_digest: str | None
     n_candidate: int | None
     n_baseline: int | None
-    change: float | None  # candidate median / baseline median - 1 (thresholds: None)
-    interval: list[float] | None  # [low, high] of the change, when the gate computed one
-    margin: float | None  # the change the rule tolerates (max_regression / the non-inferiority margin)
+    change: float | None  # relative change, positive = the candidate is better (thresholds: None)
+    interval: list[float] | None  # [worst, best] of that change, when the gate computed one
+    margin: float | None  # the worsening the rule tolerates, a positive fraction (max_regression)
     value: float | None = None  # thresholds: the measured figure
     bound: float | None = None  # thresholds: the limit it was held to
 
@@ -123,31 +123,35 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _interval(figures: Mapping[str, Any]) -> list[float] | None:
-    """The change's interval as the gate stored it (the non-inferiority rule's), else None: never invented."""
-    for low_key, high_key in (("interval_low", "interval_high"), ("ci_low", "ci_high"),
-                              ("change_low", "change_high")):
-        low, high = _number(figures.get(low_key)), _number(figures.get(high_key))
-        if low is not None and high is not None:
-            return [low, high]
-    pair = figures.get("interval")
-    if isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_number(v) is not None for v in pair):
-        return [float(pair[0]), float(pair[1])]
-    return None
+def _better_change(figures: Mapping[str, Any]) -> tuple[float | None, list[float] | None]:
+    """(change, [worst, best]) in the better direction (positive = the candidate is better), from whichever form
+    the gate stored: the non-inferiority rule's `change`/`change_worst`/`change_best` (positive = better), the
+    duet interval's `estimate`/`lower`/`upper` (positive = worse), or the median `ratio` with the metric's
+    `direction` (no interval: never invented)."""
+    change, worst, best = (_number(figures.get(k)) for k in ("change", "change_worst", "change_best"))
+    if change is not None:
+        return change, [worst, best] if worst is not None and best is not None else None
+    estimate, lower, upper = (_number(figures.get(k)) for k in ("estimate", "lower", "upper"))
+    if estimate is not None:  # duet_stats: relative change, positive = worse
+        return -estimate, [-upper, -lower] if lower is not None and upper is not None else None
+    ratio = _number(figures.get("ratio"))
+    if ratio is None or ratio <= 0:
+        return None, None
+    return (ratio - 1.0 if figures.get("direction", "higher") == "higher" else 1.0 / ratio - 1.0), None
 
 
 def _design(figures: Mapping[str, Any]) -> Design:
-    stated = figures.get("design")
-    if stated in ("history", "paired", "duet"):
-        return stated  # type: ignore[return-value]
-    if figures.get("duet") or figures.get("method") == "duet":
+    stated = str(figures.get("design") or figures.get("method") or "")
+    if "duet" in stated:
         return "duet"
-    if figures.get("method") == "paired-t-log" or "baseline_samples" in figures:
+    if "paired" in stated or "baseline_samples" in figures:
         return "paired"
     return "history"
 
 
 def _baseline_digest(figures: Mapping[str, Any], fallback: str | None) -> str | None:
+    """The image compared with: paired and duet store it (a digest, or a record with one); history's is the
+    baseline run's candidate."""
     base = figures.get("baseline")
     if isinstance(base, str) and base.startswith("sha256:"):
         return base
@@ -161,14 +165,16 @@ def comparison(reason: Mapping[str, Any], history_baseline: str | None) -> Compa
     figures = reason.get("figures") if isinstance(reason.get("figures"), Mapping) else {}
     assert isinstance(figures, Mapping)
     if check == "regression" and reason.get("case_id"):
-        ratio = _number(figures.get("ratio"))
-        margin = _number(figures.get("margin"))
+        change, interval = _better_change(figures)
+        margin = next((m for m in (_number(figures.get(k)) for k in ("max_regression", "margin", "tolerance"))
+                       if m is not None), None)
+        n_candidate = figures.get("n_candidate", figures.get("n"))
         return Comparison(case_id=reason.get("case_id"), check=check, metric=figures.get("metric"),
                           status=str(reason.get("status")), design=_design(figures),
                           baseline_digest=_baseline_digest(figures, history_baseline),
-                          n_candidate=figures.get("n_candidate"), n_baseline=figures.get("n_baseline"),
-                          change=None if ratio is None else ratio - 1.0, interval=_interval(figures),
-                          margin=margin if margin is not None else _number(figures.get("tolerance")))
+                          n_candidate=n_candidate if isinstance(n_candidate, int) else None,
+                          n_baseline=figures.get("n_baseline") if isinstance(figures.get("n_baseline"), int) else None,
+                          change=change, interval=interval, margin=margin)
     if check.startswith("threshold:") and reason.get("case_id"):
         bound = _number(figures.get("min")) if _number(figures.get("min")) is not None else _number(figures.get("max"))
         return Comparison(case_id=reason.get("case_id"), check=check, metric=check.split(":", 1)[1],
