@@ -192,13 +192,14 @@ def test_gate_check_from_the_attestation_answers_as_from_the_database(sessions, 
     passed = Release(sessions, registry, make_image)
     failed = Release(sessions, registry, make_image, broken=True)
     never = Release(sessions, registry, make_image, evaluate=False)
-    for rel, expected in ((passed, 0), (failed, 1), (never, 1)):
-        for reference in (rel.candidate, registry.ref(f"{rel.ns}/demo", digest=rel.digest)):
-            by_db = run_cli("gate", "check", reference, "--db", db_url, "--insecure-registry", registry.host)
-            by_att = run_cli("gate", "check", reference, "--attestation", "--key", str(public),
-                             "--insecure-registry", registry.host)
-            assert by_db.returncode == by_att.returncode == expected, (reference, by_db.stdout, by_att.stdout,
-                                                                      by_att.stderr)
+    cases = [(passed.candidate, 0), (registry.ref(f"{passed.ns}/demo", digest=passed.digest), 0),
+             (failed.candidate, 1), (never.candidate, 1)]
+    for reference, expected in cases:
+        by_db = run_cli("gate", "check", reference, "--db", db_url, "--insecure-registry", registry.host)
+        by_att = run_cli("gate", "check", reference, "--attestation", "--key", str(public),
+                         "--insecure-registry", registry.host)
+        assert by_db.returncode == by_att.returncode == expected, (reference, by_db.stdout, by_att.stdout,
+                                                                  by_att.stderr)
     # a repository the digest was not qualified for is refused by both
     elsewhere = registry.ref(f"{passed.ns}/elsewhere", "x")
     with RegistryClient([registry.host]) as client:
