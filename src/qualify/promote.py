@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterable
 
 from sqlalchemy.orm import Session
 
-from qualify.attest.service import copy_to_targets as copy_attestations
 from qualify.errors import BadInput, ExitCode, Rejected
 from qualify.outcomes import Verdict
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
@@ -188,7 +187,9 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
                     continue
                 outcomes.append(_promote_one(client, t, source, source_ref, digest, dry_run=dry_run, force=force))
             if not dry_run:  # the signed attestations travel with the image (a problem is logged, never fatal)
-                copy_attestations(client, src, digest, [o.target_ref for o in outcomes if o.ok])
+                from qualify.attest.service import copy_to_targets
+
+                copy_to_targets(client, src, digest, [o.target_ref for o in outcomes if o.ok])
                 _record(session, decision, outcomes, actor, reason=reason)
                 session.commit()
             return outcomes

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from qualify.attest.check import VerifyResult, check_reference, parse_age
-from qualify.attest.service import AttestStatus, write_for_run
-from qualify.attest.signing import load_public_key
 from qualify.cli.common import DbOption, InsecureOption, JsonOption, exit_with, open_db, say, settings
 from qualify.errors import BadInput, ExitCode
 from qualify.imageref import ImageRef, parse_reference
 from qualify.registry import RegistryClient, RegistryError
+
+if TYPE_CHECKING:
+    from qualify.attest.check import VerifyResult
+
+# qualify.attest (cryptography, securesystemslib, in-toto-attestation, protobuf: about 0.3 s) is imported by the
+# commands that use it, not by every command's start-up.
 
 KeyOption = typer.Option(..., "--key", metavar="PUB", help="the public key (PEM) the attestation must verify with")
 
@@ -24,6 +27,8 @@ def attest(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] =
            insecure_registry: Optional[list[str]] = InsecureOption) -> None:
     """Sign the run's latest decision and store it next to the image and its promoted copies (the key comes
     from QUALIFY_ATTEST_KEY_FILE or QUALIFY_ATTEST_KEY, never the command line)."""
+    from qualify.attest.service import AttestStatus, write_for_run
+
     conf = settings(db)
     with RegistryClient(set(insecure_registry or []) | set(conf.insecure_registries)) as client:
         outcome = write_for_run(open_db(db, migrate=False), run_id, settings=conf, client=client)
@@ -52,6 +57,9 @@ def resolve(ref: ImageRef, client: RegistryClient) -> tuple[str, str | None]:
 
 def verify_reference(image_ref: str, key: Path, insecure: list[str], *, policy_digest: str | None = None,
                      max_age: str | None = None, release: str | None = None) -> VerifyResult:
+    from qualify.attest.check import check_reference, parse_age
+    from qualify.attest.signing import load_public_key
+
     ref = parse_reference(image_ref)
     public = load_public_key(key)
     age = parse_age(max_age) if max_age is not None else None
