@@ -32,6 +32,8 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("QUALIFY_DATABASE_URL", db)
     monkeypatch.setenv("QUALIFY_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("QUALIFY_SERVICE_TOKEN", raising=False)  # `serve --host 0.0.0.0` must refuse, not start
+    for var in ("QUALIFY_ATTEST_KEY", "QUALIFY_ATTEST_KEY_FILE"):  # `attest` without a key must refuse
+        monkeypatch.delenv(var, raising=False)
     bad = tmp_path / "bad.yaml"
     bad.write_text("release: {name: x}\n")
     (tmp_path / "unmigrated.db").touch()
@@ -41,7 +43,11 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     with sessions() as s:
         unjudged = seed_run(s, manifest_text(), digest="sha256:" + "2" * 64).id
         s.commit()
-    return {"db": db, "bad": str(bad), "manifest": str(REPO / "releases" / "cpu-smoke.yaml"), "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
+    from support.attest import key_pair
+
+    _, pub = key_pair(tmp_path / "keys")
+    return {"db": db, "bad": str(bad), "pub": str(pub), "manifest": str(REPO / "releases" / "cpu-smoke.yaml"),
+            "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
             "down": f"postgresql://postgres@127.0.0.1:{closed_port()}/none", "unjudged": str(unjudged),
             "port": str(closed_port())}
 
@@ -82,6 +88,13 @@ FAILURES = [  # OFFLINE + NETWORK
     (["serve", "--host", "0.0.0.0"], BAD, "not loopback"),
     (["serve", "--enforce", "maybe"], BAD, "off, revert, delete"),
     (["serve", "--db", "{down}"], INFRA, "cannot connect"),
+    (["attest", "{unjudged}"], BAD, "no signing key configured"),
+    (["verify", "x/y:1", "--key", "/no/such.pub"], BAD, "--key /no/such.pub"),
+    (["verify", "x/y:1", "--key", "{bad}"], BAD, "not a PEM public key"),
+    (["verify", "x/y@sha256:" + "e" * 64, "--key", "{pub}", "--max-age", "soon"], BAD, "--max-age 'soon'"),
+    (["verify", "127.0.0.1:{port}/x/y:1", "--key", "{pub}", "--insecure-registry", "127.0.0.1:{port}"], INFRA,
+     "unreachable"),
+    (["gate", "check", "x/y:1", "--attestation"], BAD, "go together"),
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from qualify.cli import manifests
+from qualify.cli.attest import attest, verify
 from qualify.cli.common import QualifyGroup
 from qualify.cli.compare import compare, history
 from qualify.cli.db import db_app
@@ -31,6 +32,8 @@ app.command("compare")(compare)
 app.command("history")(history)
 app.command("plan")(plan)
 app.command("serve")(serve)
+app.command("attest")(attest)
+app.command("verify")(verify)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")
 app.add_typer(gate_app, name="gate")
