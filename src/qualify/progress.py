@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 
 @dataclass
@@ -42,3 +43,24 @@ class Progress:
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_at
+
+
+# Progress listeners of this process (the CLI's progress line), kept out of the flow's parameters: a callback is
+# no parameter a person could set in the Prefect UI, and Prefect would store it with every run. The launcher
+# registers its callback around the flow call; the flow attaches whatever is registered to its run's Progress.
+_PROCESS_LISTENERS: list[Callable[[Progress], None]] = []
+
+
+@contextlib.contextmanager
+def listening(listener: Callable[[Progress], None]) -> Iterator[None]:
+    """Register `listener` for the runs this process drives while the block lasts."""
+    _PROCESS_LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _PROCESS_LISTENERS.remove(listener)
+
+
+def process_listeners() -> list[Callable[[Progress], None]]:
+    return list(_PROCESS_LISTENERS)
+

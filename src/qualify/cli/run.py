@@ -22,6 +22,7 @@ from qualify.errors import ExitCode
 from qualify.launcher import RunRequest, find_launcher
 from qualify.outcomes import RunOutcome, Verdict
 from qualify.progress import Progress
+from qualify.report.verdict_text import reason_lines
 
 
 def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
@@ -34,7 +35,9 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
         promote: Optional[bool] = typer.Option(None, "--promote/--no-promote",
                                                help="promote on PASS (default: the manifest's promotion.on_pass)"),
         as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON on stdout"),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="show Prefect's task logs")) -> None:
+        verbose: bool = typer.Option(False, "--verbose", "-v",
+                                     help="show Prefect's task logs, and every gate check (the passed ones too)")
+        ) -> None:
     """Qualify a release end to end: build, verify, run every case on Ray, gate, report, promote."""
     # Validate first, before Prefect and Ray start: bad input costs nothing and writes nothing.
     release = load(manifest).release
@@ -48,7 +51,7 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
     if as_json:
         print(json.dumps(outcome.to_dict(), indent=2, default=str))
     else:
-        _print_outcome(Console(width=None if sys.stdout.isatty() else 200), outcome)
+        _print_outcome(Console(width=None if sys.stdout.isatty() else 200), outcome, verbose)
     exit_with(ExitCode.OK if outcome.verdict == Verdict.PASS else ExitCode.FAIL)
 
 
@@ -93,12 +96,13 @@ class ProgressSink:
                      f"elapsed {p.elapsed_s:.0f} s")
 
 
-def _print_outcome(console: Console, outcome: RunOutcome) -> None:
+def _print_outcome(console: Console, outcome: RunOutcome, verbose: bool = False) -> None:
+    """The verdict, then what failed or could not be judged; the passed checks as a count (all with --verbose)."""
     colour = {Verdict.PASS: "green", Verdict.FAIL: "red"}.get(outcome.verdict, "yellow")
-    console.print(f"run {outcome.run_id}: [bold {colour}]{outcome.verdict}[/]  candidate {outcome.digest}")
-    for reason in outcome.reasons:
-        console.print(f"  {reason['status']:<11} {reason['check']}: {reason['message']}", markup=False,
-                      highlight=False)
+    console.print(f"run {outcome.run_id}: [bold {colour}]{outcome.verdict}[/]  candidate {outcome.digest}",
+                  highlight=False)
+    for line in reason_lines(outcome.reasons, verbose):
+        console.print(f"  {line}", markup=False, highlight=False)
     if outcome.stage_seconds:
         console.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.stage_seconds.items()))
     for p in outcome.promotions:

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from qualify.store import repo
 from qualify.store.models import CaseResult, Run
+from qualify.timestamps import iso
 
 KEY_METRICS = {
     "train": ("tokens_per_s", "tflops_per_device", "mfu", "step_time_s_median"),
@@ -43,8 +44,8 @@ def run_summary(session: Session, run: Run) -> dict[str, Any]:
         "cases_total": len(results),
         "cases_passed": sum(r.status == "passed" for r in results),
         "digest": run.candidate_digest,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
     }
 
 
@@ -93,13 +94,13 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         ],
         "decisions": [
             {"id": d.id, "verdict": d.verdict, "reasons": d.reasons, "policy_sha256": d.policy_sha256,
-             "baseline_run_id": d.baseline_run_id, "decided_at": d.decided_at}
+             "baseline_run_id": d.baseline_run_id, "decided_at": iso(d.decided_at)}
             for d in repo.decisions(session, run.id)
         ],
         "promotions": [
             {"target_name": p.target_name, "target_ref": p.target_ref, "source_digest": p.source_digest,
              "outcome": p.outcome, "forced": p.forced, "reason": p.reason, "detail": p.detail,
-             "created_at": p.created_at}
+             "created_at": iso(p.created_at)}
             for p in repo.promotions(session, run.id)
         ],
     })
@@ -132,19 +133,16 @@ def results_table(detail: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def summary_markdown(detail: dict[str, Any], report_path: str) -> str:
+def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
     """The verdict, then what failed or is incomplete (first, where the eye lands), what was waived, the
-    components that differ, where the HTML report is, and only then the checks that passed."""
-    from pathlib import Path
-
+    components that differ, the link to the HTML report (qualify.report.links), and only then the checks that
+    passed."""
     decision = detail["decisions"][-1] if detail["decisions"] else None
     verdict = decision["verdict"] if decision else "no decision"
     lines = [f"# {detail['release']} run {detail['run']}: **{verdict}**", "",
              f"candidate `{detail['digest'] or 'n/a'}`, {len(detail['cases'])} cases, "
              f"{sum(c['status'] == 'passed' for c in detail['cases'])} passed", ""]
-    report = Path(report_path)
-    uri = (report if report.is_absolute() else report.resolve()).as_uri()
-    lines += [f"HTML report (tables and charts): [{report.name}]({uri}) at `{report_path}`", ""]
+    lines += [f"HTML report (tables and charts): [{report_link}]({report_link})", ""]
 
     def table(reasons: list[dict[str, Any]]) -> list[str]:
         return (["| status | check | reason |", "|---|---|---|"]
