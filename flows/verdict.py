@@ -26,6 +26,6 @@ def final_state(outcome: RunOutcome) -> State:
 def log_verdict(logger: Any, outcome: RunOutcome, report_link: str) -> None:
     """The verdict and what decided it, on the flow run's log (passed checks as a count), and the report."""
     logger.info("verdict of run %s: %s", outcome.run_id, headline(outcome.verdict, outcome.reasons))
-    for line in reason_lines(outcome.reasons):
+    for line in reason_lines(outcome.reasons, where_passes="the report lists them"):
         logger.info("  %s", line)
     logger.info("report: %s", report_link)

@@ -87,6 +87,16 @@ def test_the_verdict_in_prefect_and_the_report_one_click_away(tmp_path: Path, pr
                 "logs": {"flow_run_id": {"any_": [f["id"]]}, "task_run_id": {"is_null_": True}},
                 "sort": "TIMESTAMP_ASC", "limit": 200}).json()] for v, f in by_verdict.items()}
             artifacts = client.post("/artifacts/filter", json={}).json()
+            # An automation triggers on events: the INCOMPLETE state is the event prefect.flow-run.INCOMPLETE.
+            resource = f"prefect.flow-run.{by_verdict['INCOMPLETE']['id']}"
+            deadline = time.monotonic() + 120
+            while True:  # the server stores events asynchronously
+                events = client.post("/events/filter", json={
+                    "filter": {"event": {"name": ["prefect.flow-run.INCOMPLETE"]}}}).json()["events"]
+                if any(e["resource"]["prefect.resource.id"] == resource for e in events) or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+            assert [e["resource"]["prefect.resource.id"] for e in events] == [resource], events
 
         for verdict, lines in logs.items():
             run_id = outcomes[verdict]["run_id"]
@@ -131,7 +141,7 @@ def _screenshots(tmp_path: Path, ui: str, public: str, by_verdict: dict[str, dic
         return  # the API checks above stand; the screenshots need chromium
     shots = []
     names = [f["name"] for f in by_verdict.values()]
-    with Browser(tmp_path, width=1400, height=900) as browser:
+    with Browser(tmp_path, width=1400, height=1250) as browser:
         browser.goto(f"{ui}/runs", until="document.body && " + " && ".join(
             f"document.body.innerText.includes({json.dumps(n)})" for n in names), timeout=180)
         text = browser.evaluate("document.body.innerText")
@@ -140,6 +150,10 @@ def _screenshots(tmp_path: Path, ui: str, public: str, by_verdict: dict[str, dic
         fail = by_verdict["FAIL"]
         browser.goto(f"{ui}/runs/flow-run/{fail['id']}",
                      until="document.body && document.body.innerText.includes('verdict of run')", timeout=180)
+        # the verdict lines at the middle of the screen (the log list starts below the timeline)
+        browser.evaluate("[...document.querySelectorAll('body *')].filter(e => e.children.length === 0 && "
+                         "e.textContent.startsWith('verdict of run')).pop().scrollIntoView({block: 'center'})")
+        time.sleep(1)
         shots.append(browser.screenshot(tmp_path / "prefect-flow-run-logs-fail.png", full_page=False))
         browser.goto(f"{public}/v1/runs/{outcomes['FAIL']['run_id']}/report",
                      until="document.body && document.body.innerText.includes('What decided the verdict')")

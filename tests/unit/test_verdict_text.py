@@ -73,3 +73,24 @@ def test_public_base_urls_are_settings() -> None:
     for bad in ("q.example", "ftp://q.example", "https://q.example/?x=1"):
         with pytest.raises(BadInput, match="QUALIFY_PUBLIC_URL"):
             Settings.load(env={"QUALIFY_PUBLIC_URL": bad})
+
+
+def test_progress_names_what_is_on_ray_and_reads_the_clock_now() -> None:
+    from qualify.cli.run import ProgressSink, progress_text
+    from qualify.progress import Progress
+
+    progress = Progress(total=8)
+    sink = ProgressSink()
+    assert sink.text == "starting"
+    progress.listeners.append(sink)
+    for case in ("train/a", "train/b", "infer/c"):
+        progress.start_case(case)
+    progress.finish_case(False, "train/b")
+    assert progress.submitted == ["train/a", "infer/c"] and progress.running == 2
+    text = sink.text
+    assert text.startswith("cases 1/8 done, 1 failed; on Ray (queued or running): train/a, infer/c; elapsed ")
+    progress.started_at -= 100  # the elapsed time is read when the line is drawn, not when a case moved
+    assert sink.text.endswith("elapsed 100 s") or sink.text.endswith("elapsed 101 s")
+    crowded = Progress(total=40, submitted=[f"train/model-{k}/variant" for k in range(30)])
+    line = progress_text(crowded)
+    assert "train/model-0/variant" in line and "+2" in line and len(line) < 140

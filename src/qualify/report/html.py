@@ -77,6 +77,11 @@ def _n(value: Any) -> str:
     return esc(fmt_number(value))
 
 
+def _seconds(value: Any) -> str:
+    """Durations in one format (0.0, 331.0): a column that mixes 0.008964 and 331 reads as noise."""
+    return esc(f"{value:.1f}") if isinstance(value, (int, float)) else "n/a"
+
+
 def _pct(value: Any, signed: bool = True) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "n/a"
@@ -127,7 +132,8 @@ def _banner(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
             f"<div class='sub counts'>checks: {counts or 'none'}</div></header>")
 
 
-NAV = [("gate", "verdict"), ("run", "run"), ("components", "components"), ("training", "training"),
+NAV = [("gate", "verdict"), ("run", "run"), ("history", "other runs"), ("promotions", "promotions"),
+       ("components", "components"), ("training", "training"),
        ("baseline", "baseline"), ("inference", "inference"), ("probes", "probes"), ("waivers", "waivers"),
        ("retries", "retries"), ("cases", "cases"), ("environment", "environment")]
 
@@ -205,13 +211,25 @@ def _components(view: dict[str, Any]) -> str:
         return bool(component.get("optional")) and component["actual"] is None
 
     bad = [component for component in comps if not component["ok"] and not absent_optional(component)]
+    baseline = view.get("baseline_components")
+    before = (baseline or {}).get("actual") or {}
+
+    def against_baseline(component: dict[str, Any]) -> str:
+        was = before.get(component["name"])
+        if was == component["actual"]:
+            return esc(was or "missing")
+        return f"<b>{esc(was or 'missing')} → {esc(component['actual'] or 'missing')}</b>"
+
     rows = [[esc(component["name"]), esc(component["rule"]), esc(component["expected"]),
-             esc(component["actual"] or "missing"),
+             esc(component["actual"] or "missing"), *([against_baseline(component)] if baseline else []),
              ("<span class='PASS'>yes</span>" if component["ok"] else
               "<span class='WAIVED'>optional, absent</span>" if absent_optional(component) else
               "<span class='FAIL'>NO</span>"), esc(component.get("detail") or "")] for component in comps]
     return (f"<section id='components'><h2>Components</h2><p>{len(comps) - len(bad)}/{len(comps)} as expected.</p>"
-            + _table(["name", "rule", "expected", "actual", "ok", "detail"], rows,
+            + (f"<p>Against the baseline run {baseline['run']} ({esc(baseline['release'])}): a change is shown "
+               "as before → now.</p>" if baseline else "")
+            + _table(["name", "rule", "expected", "actual",
+                      *([f"baseline run {baseline['run']}"] if baseline else []), "ok", "detail"], rows,
                      row_classes=["bad" if component in bad else "" for component in comps]) + "</section>")
 
 
@@ -425,6 +443,32 @@ def _waivers(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
                      rows) + "</section>")
 
 
+def _earlier_runs(view: dict[str, Any]) -> str:
+    rows = view.get("earlier_runs") or []
+    if not rows:
+        return ("<section id='history'><h2>Other runs of this digest and tag</h2><p class='note'>None: this is "
+                "the first run of this digest and of this release tag.</p></section>")
+    body = _table(["run", "release", "digest", "status", "verdict", "started"],
+                  [[str(row["run"]), esc(row["release"]),
+                    "<code>" + esc((row["digest"] or "n/a")[:19]) + "</code>"
+                    + (" (this digest)" if row["same_digest"] else ""),
+                    esc(row["status"]), _status(row["verdict"]) if row["verdict"] else "no decision",
+                    esc(str(row["started_at"])[:19])] for row in rows])
+    return f"<section id='history'><h2>Other runs of this digest and tag</h2>{body}</section>"
+
+
+def _promotions(view: dict[str, Any]) -> str:
+    rows = view.get("promotions") or []
+    if not rows:
+        return ("<section id='promotions'><h2>Promotions</h2><p class='note'>No promotion was made from this "
+                "run.</p></section>")
+    body = _table(["target", "reference", "outcome", "forced", "when", "detail"],
+                  [[esc(row["target_name"]), f"<code>{esc(row['target_ref'])}</code>", esc(row["outcome"]),
+                    "yes: " + esc(row.get("reason") or "") if row.get("forced") else "no",
+                    esc(str(row.get("created_at") or "n/a")[:19]), esc(row.get("detail") or "")] for row in rows])
+    return f"<section id='promotions'><h2>Promotions</h2>{body}</section>"
+
+
 def _retries(view: dict[str, Any]) -> str:
     retried = [case for case in view["cases"] if (case.get("attempts") or 1) > 1]
     if not retried:
@@ -445,7 +489,7 @@ def _cases(view: dict[str, Any]) -> str:
         cls = "PASS" if case["status"] == "passed" else "FAIL"
         rows.append([esc(case["case_id"]), f"<span class='{cls}'>{esc(status)}</span>", esc(case["key_metrics"]),
                      str(case["attempts"]),
-            _n(case["queue_wait_s"]), _n(case["exec_s"]), esc(case.get("node") or "n/a")])
+            _seconds(case["queue_wait_s"]), _seconds(case["exec_s"]), esc(case.get("node") or "n/a")])
         classes.append("bad" if case["status"] != "passed" else "")
     out = ["<section id='cases'><h2>Cases</h2>",
            _table(["case", "status", "key metrics", "attempts", "queue s", "exec s", "node"], rows,
@@ -510,6 +554,8 @@ def render(view: dict[str, Any]) -> str:
         "<main><nav>" + "".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in NAV) + "</nav>",
         _gate(decision),
         _run_facts(view, decision),
+        _earlier_runs(view),
+        _promotions(view),
         _components(view),
         _training(view, decision),
         _baseline(view),

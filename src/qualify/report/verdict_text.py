@@ -29,13 +29,15 @@ def reason_line(reason: dict[str, Any]) -> str:
     return f"{reason['status']:<11} {reason['check']}: {reason['message']}"
 
 
-def reason_lines(reasons: Sequence[dict[str, Any]], verbose: bool = False) -> list[str]:
-    """One line per reason that is not a PASS, attention first; the passes as one count, or each with verbose."""
+def reason_lines(reasons: Sequence[dict[str, Any]], verbose: bool = False,
+                 where_passes: str = "--verbose lists them") -> list[str]:
+    """One line per reason that is not a PASS, attention first; the passes as one count (saying where they are
+    listed), or each with verbose."""
     shown = [reason for reason in ordered(reasons) if verbose or reason["status"] != "PASS"]
     lines = [reason_line(reason) for reason in shown]
     passed = sum(reason["status"] == "PASS" for reason in reasons)
     if passed and not verbose:
-        lines.append(f"{passed} passed (--verbose lists them)")
+        lines.append(f"{passed} passed ({where_passes})")
     return lines
 
 

@@ -202,11 +202,15 @@ def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     run = repo.get_run(session, run_id)
     assert run is not None
     detail["policy"] = policy_view(run)
+    detail["earlier_runs"] = earlier_runs(session, run)
     decision = detail["decisions"][-1] if detail["decisions"] else None
     detail["baseline"] = None
     detail["baseline_note"] = None
     base_id = decision["baseline_run_id"] if decision else None
     base_run = repo.get_run(session, base_id) if base_id else None
+    detail["baseline_components"] = ({"run": base_run.id, "release": f"{base_run.release.name}:{base_run.release.tag}",
+                                      "actual": {c.name: c.actual for c in repo.component_checks(session, base_run.id)}}
+                                     if base_run is not None else None)
     if detail["policy"].get("regression", {}).get("baseline") == "paired":
         # The baseline was measured beside the candidate: the gate's pair-by-pair figures are the comparison.
         detail["paired"] = [{"case_id": r.get("case_id"), "status": r["status"], "message": r["message"],
@@ -229,6 +233,25 @@ def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     else:
         detail["baseline_note"] = "the run has no gate decision yet"
     return detail
+
+
+def earlier_runs(session: Session, run: Run, limit: int = 10) -> list[dict[str, Any]]:
+    """The other runs (earlier or later) of the same candidate digest or release tag, newest first, with verdicts:
+    what a release manager asks first (was this image judged before, and how?)."""
+    seen: dict[int, Run] = {}
+    if run.candidate_digest:
+        seen.update({r.id: r for r in repo.find_runs(session, digest=run.candidate_digest, limit=limit + 1)})
+    seen.update({r.id: r for r in repo.find_runs(session, release=run.release.name, tag=run.release.tag,
+                                                 limit=limit + 1)})
+    others = sorted((r for r in seen.values() if r.id != run.id), key=lambda r: r.id, reverse=True)[:limit]
+    rows = []
+    for other in others:
+        decision = repo.latest_decision(session, other.id)
+        rows.append({"run": other.id, "release": f"{other.release.name}:{other.release.tag}",
+                     "digest": other.candidate_digest, "same_digest": other.candidate_digest == run.candidate_digest,
+                     "status": other.status, "verdict": decision.verdict if decision else None,
+                     "started_at": iso(other.started_at)})
+    return rows
 
 
 def reasons_by_status(reasons: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
