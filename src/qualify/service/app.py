@@ -2,13 +2,15 @@
 
 * ``GET /v1/gate?ref=IMAGE_REF`` -- may this reference be pushed? The rules of `qualify gate check`
   (qualify.gate.push_check.check_push: the digest's latest decision by id, the repository it was qualified
-  for, a tag resolved in the registry must point to that digest). 200 with the verdict and the reasons when
-  the digest was ever judged (``ok`` says whether it may be pushed), 404 when it never was.
+  for, a tag resolved in the registry must point to that digest), answered by status code alone
+  (qualify.service.gate_answers): 200 only when it may be pushed, 403 when judged but refused, 404 when never
+  judged; each answer carries the verdict and the reasons. Every error is RFC 9457 problem details
+  (qualify.service.problems).
 * ``GET /v1/runs``, ``GET /v1/runs/{id}`` -- the runs, as `qualify runs list|show --json` print them;
   ``GET /v1/runs/{id}/report`` its HTML report (qualify.service.runs).
 * ``GET /healthz`` -- the database answers.
 * ``POST /v1/registry/events`` -- the registry's notifications (qualify.service.webhook).
-* ``GET /openapi.json`` (and ``/docs``).
+* ``GET /openapi.json`` (and ``/docs``, ``/redoc``, served offline).
 
 Every write needs the bearer token (Settings.service_token, QUALIFY_SERVICE_TOKEN); without it, or with
 another, 401. Reads are open when the service listens on loopback, else they need the token too.
@@ -127,7 +129,8 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
 
     # /docs and /redoc from the assets shipped in fastapi-offline's wheel (FastAPI's own pages load a CDN).
     app = FastAPIOffline(title="qualify gating service", version="1", lifespan=lifespan,
-                  description="Is this image qualified? The release-qualification results database over HTTP.")
+                         description="Is this image qualified? The release-qualification results database "
+                                     "over HTTP.")
 
     app.add_middleware(TokenGuard, token=token, reads_need_token=reads_need_token)
     problems.install(app)  # every error answers as RFC 9457 problem details
