@@ -7,6 +7,7 @@ import os
 from qualify.errors import InfraError
 from qualify.launcher import ProgressCallback, RunRequest
 from qualify.outcomes import RunOutcome
+from qualify.progress import listening
 from qualify.settings import Settings
 
 
@@ -37,10 +38,17 @@ def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallbac
     # cases behind Prefect instead of Ray.
     sized = qualify_release.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(4, request.n_cases + 2)))
     try:
-        state = sized(manifest=str(request.manifest), ray_address=request.ray_address,
-                      resume_run=request.resume_run, wait=request.wait, promote=request.promote,
-                      triggered_by=request.triggered_by, on_progress=on_progress, return_state=True)
+        with listening(on_progress):  # a callback, not a flow parameter (the UI would show and store it)
+            state = sized(manifest=str(request.manifest), ray_address=request.ray_address,
+                          resume_run=request.resume_run, wait=request.wait, promote=request.promote,
+                          triggered_by=request.triggered_by, return_state=True)
     except Exception as exc:  # noqa: BLE001 - Prefect itself could not start (API server, settings)
         raise InfraError(f"Prefect could not run the flow: {type(exc).__name__}: {exc}") from exc
-    outcome: RunOutcome = state.result()  # raises the flow's expected error (BadInput, Rejected, ...)
-    return outcome
+    # A FAIL or INCOMPLETE run ends Failed with its outcome as data (qualify_prefect.flows.verdict); an expected
+    # error (BadInput, Rejected, ...) ends Failed with the error as data: raised here.
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    if not isinstance(result, RunOutcome):
+        raise InfraError(f"the flow ended {state.name} without an outcome: {state.message}")
+    return result

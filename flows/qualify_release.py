@@ -10,27 +10,30 @@ environment (QUALIFY_DATABASE_URL) of the process that runs the flow.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.futures import wait as wait_for_all
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_UI_URL
 from prefect.states import Failed, State
 
 from qualify import pipeline
 from qualify.execution import attempts
-from qualify.progress import Progress
+from qualify.progress import process_listeners
 from qualify.errors import BadInput, Rejected
 from qualify.outcomes import PromotionSummary, RunOutcome, RunStatus
 from qualify.execution.ray import start_ray
+from qualify.report.links import flow_run_url, report_url
 from qualify.settings import Settings
 from qualify.store.engine import open_database
 from qualify_prefect.tasks.candidate import obtain_candidate_task, open_run_task, verify_components_task
 from qualify_prefect.tasks.cases import run_case_task
 from qualify_prefect.tasks.gate import gate_task
 from qualify_prefect.tasks.promote import promote_task
-from qualify_prefect.tasks.report import progress_artifact_task, publish_report_task
+from qualify_prefect.flows.verdict import final_state, log_verdict
+from qualify_prefect.tasks.report import progress_artifact_task, publish_artifacts, publish_report_task
 
 
 def _unwrap(value: Any) -> Any:
@@ -67,12 +70,21 @@ def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> None:
 
 @flow(name="qualify-release", flow_run_name=_initial_name, log_prints=True)
 def qualify_release(manifest: str, ray_address: str | None = None, resume_run: int | None = None,
-                    wait: bool = False, promote: bool | None = None, triggered_by: str | None = None,
-                    on_progress: Callable[[Progress], None] | None = None) -> RunOutcome:
-    """Qualify the release a manifest describes; returns the run's outcome (verdict, reasons, report)."""
+                    wait: bool = False, promote: bool | None = None, triggered_by: str | None = None) -> RunOutcome:
+    """Qualify the release a manifest describes; the run ends PASS (Completed), FAIL or INCOMPLETE (Failed).
+
+    Args:
+        manifest: Path of the release manifest (YAML) on the worker, e.g. releases/cpu-smoke.yaml.
+        ray_address: Join this Ray cluster (auto, host:port or ray://...) instead of starting a local one.
+        resume_run: Id of an earlier run to finish: only its cases without a final result run again, then the gate.
+        wait: When another run of the same candidate digest is running, wait for it instead of refusing.
+        promote: Promote the tag on PASS; empty means as the manifest's promotion.on_pass says.
+        triggered_by: Who or what started the run, recorded with it (e.g. ci:pipeline/1234); empty means the user.
+    """
     logger = get_run_logger()
     started = time.monotonic()
-    _engine, sessions = open_database(Settings.load().database_url)
+    settings = Settings.load()
+    _engine, sessions = open_database(settings.database_url)
     try:
         ctx = _unwrap(open_run_task(sessions, manifest, resume_run, ray_address, triggered_by))
     except BadInput as exc:
@@ -83,8 +95,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         _name_flow_run(ctx, logger)
         ctx.stage("setup", time.monotonic() - started)
         ctx.start_heartbeat()
-        if on_progress is not None:
-            ctx.progress.listeners.append(on_progress)
+        ctx.progress.listeners.extend(process_listeners())  # the CLI's progress line, when it drives this run
         logger.info("run %s of %s %s: %d cases", ctx.run_id, ctx.manifest.release.name, ctx.manifest.release.tag,
                     len(ctx.cases))
         with ctx.timed_stage("build"):
@@ -113,16 +124,20 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         verdict = evaluation.judgement.verdict
         status = pipeline.finish_run(ctx, verdict)
         with ctx.timed_stage("report"):
-            report = publish_report_task(ctx)
+            written = publish_report_task(ctx, flow_run_url(PREFECT_UI_URL.value(), flow_run.id))
+            report_link = report_url(settings.public_url, ctx.run_id, written)
+            publish_artifacts(ctx, report_link)  # in the flow's body: the artifacts belong to the flow run
 
         promotions = []
         if pipeline.wants_promotion(ctx, verdict, promote):
             with ctx.timed_stage("promote"):
                 promotions = [PromotionSummary(o.target, o.target_ref, o.outcome, o.detail)
                               for o in promote_task(ctx)]
-        return RunOutcome(run_id=ctx.run_id, verdict=verdict, status=status, digest=build.digest,
-                          reasons=evaluation.judgement.reason_dicts(), report=report, cases=outcomes,
-                          promotions=promotions, stage_seconds=ctx.stage_seconds())
+        outcome = RunOutcome(run_id=ctx.run_id, verdict=verdict, status=status, digest=build.digest,
+                             reasons=evaluation.judgement.reason_dicts(), report=str(written), cases=outcomes,
+                             promotions=promotions, stage_seconds=ctx.stage_seconds())
+        log_verdict(logger, outcome, report_link)
+        return final_state(outcome)  # type: ignore[return-value] - a state Prefect ends the run in, carrying it
     except (BadInput, Rejected) as exc:
         # Expected outcomes, not crashes: a Failed state with the message, no traceback in the logs.
         pipeline.fail_run(ctx, RunStatus.FAILED if isinstance(exc, Rejected) else RunStatus.ABORTED, str(exc))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
@@ -10,6 +12,7 @@ from qualify import pipeline
 from qualify.execution import attempts
 from qualify.manifest.cases import Case
 from qualify.outcomes import CaseOutcome
+from qualify.report.case_lines import figure_lines, resources_text
 
 
 # No Prefect retries or timeout here: the Ray task enforces the case timeout, and the
@@ -17,15 +20,20 @@ from qualify.outcomes import CaseOutcome
 @task(name="run-case", cache_policy=NO_CACHE)
 def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: str | None = None) -> CaseOutcome:
     logger = get_run_logger()
-    logger.info("%s: submitted to Ray (%s)", case.case_id, case.resources.model_dump(exclude_defaults=True))
+    logger.info("%s: submitted to Ray (%s)", case.case_id,
+                resources_text(case.resources.model_dump(exclude_defaults=True)))
     outcome = attempts.run_case(ctx, case, log=logger.warning)
     level = logger.info if outcome.passed else logger.error
     level("%s: %s%s after %s attempt(s), exec %.1f s, queue %s s on %s", case.case_id, outcome.status,
           f" ({outcome.error_class}: {outcome.error})" if outcome.error_class else "",
           outcome.attempts, outcome.exec_s or 0.0,
           f"{outcome.queue_wait_s:.1f}" if outcome.queue_wait_s is not None else "n/a", outcome.node)
+    row = _result_row(ctx, case.case_id)
+    if row is not None:
+        for line in figure_lines(case.case_id, row.kind, row.metrics, row.samples):
+            logger.info("%s", line)
     if not outcome.passed:
-        tail = _log_tail(ctx, case.case_id)
+        tail = (row.log_tail or "").rstrip().splitlines()[-40:] if row is not None else []
         if tail:
             logger.error("%s: the workload's log, last %d lines:\n%s", case.case_id, len(tail), "\n".join(tail))
     if progress_artifact_id:
@@ -38,16 +46,19 @@ def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: st
     return outcome
 
 
-def _log_tail(ctx: pipeline.RunContext, case_id: str, lines: int = 40) -> list[str]:
-    """The last lines of the workload's log as recorded with the result (the database keeps 8000 characters)."""
+def _result_row(ctx: pipeline.RunContext, case_id: str) -> Any:
+    """The case's recorded result (figures, samples, the workload's log tail; the database keeps 8000 characters
+    of the log), or None."""
     from sqlalchemy import select
 
     from qualify.store.models import CaseResult
 
     try:
         with ctx.sessions() as session:
-            text = session.scalar(select(CaseResult.log_tail).where(CaseResult.run_id == ctx.run_id,
-                                                                    CaseResult.case_id == case_id))
+            row = session.scalar(select(CaseResult).where(CaseResult.run_id == ctx.run_id,
+                                                          CaseResult.case_id == case_id))
+            if row is not None:
+                session.expunge(row)
+            return row
     except Exception:  # noqa: BLE001 - the log is a convenience; the result is already recorded
-        return []
-    return (text or "").rstrip().splitlines()[-lines:]
+        return None

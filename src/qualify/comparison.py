@@ -34,6 +34,7 @@ from qualify.manifest import RegressionPolicy
 from qualify.manifest.load import ManifestError
 from qualify.store import repo
 from qualify.store.models import CaseResult, GateDecision, Release, Run
+from qualify.timestamps import iso
 
 Call = Literal["regression", "improvement", "noise", "not comparable", "missing"]
 FINISHED = ("passed", "failed", "incomplete")
@@ -276,7 +277,7 @@ class HistoryPoint:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["started_at"] = self.started_at.isoformat() if self.started_at else None
+        out["started_at"] = iso(self.started_at)
         return out
 
 

@@ -33,6 +33,9 @@ ENVIRONMENT = {
     "QUALIFY_ATTEST_KEY_FILE": "attest_key_file",
     "QUALIFY_ATTEST_KEY": "attest_key",
     "QUALIFY_ATTEST_KEY_PASSWORD": "attest_key_password",
+    # where people reach the service and Prefect's UI (links in artifacts and reports)
+    "QUALIFY_PUBLIC_URL": "public_url",
+    "QUALIFY_PREFECT_UI_URL": "prefect_ui_url",
 }
 ENFORCE_MODES = ("off", "revert", "delete")
 CREDENTIAL_ENVIRONMENT = ("QUALIFY_REGISTRY_USERNAME", "QUALIFY_REGISTRY_PASSWORD", "QUALIFY_REGISTRY_HOST")
@@ -62,6 +65,12 @@ class Settings:
     attest_key_file: Path | None = None
     attest_key: str | None = dataclasses.field(default=None, repr=False)
     attest_key_password: str | None = dataclasses.field(default=None, repr=False)
+    # The base URL at which people reach `qualify serve` (e.g. https://qualify.example.com): artifacts link each
+    # run's report at <public_url>/v1/runs/<id>/report. Unset: they name the report file on the worker.
+    public_url: str | None = None
+    # The Prefect UI's base URL (e.g. http://127.0.0.1:4200), for the report's link back to its flow run when the
+    # report is rendered outside the flow (`qualify serve`, `qualify report`); the flow itself asks Prefect.
+    prefect_ui_url: str | None = None
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
@@ -102,6 +111,8 @@ def _coerce(name: str, value: object) -> object:
 
             raise BadInput(f"QUALIFY_ENFORCE / --enforce {value!r}: one of {', '.join(ENFORCE_MODES)}")
         return mode
+    if name in ("public_url", "prefect_ui_url"):
+        return public_base_url(name, str(value))
     if name == "insecure_registries":
         items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
         return tuple(h.strip() for h in items if h and h.strip())
@@ -125,6 +136,20 @@ def parse_protect(value: object) -> tuple[tuple[str, str], ...]:
             raise BadInput(f"protected pattern {item!r}: write REPOSITORY-GLOB[:TAG-GLOB], e.g. 'team/*:25.*'")
         out.append((repo, tag))
     return tuple(out)
+
+
+def public_base_url(name: str, value: str) -> str:
+    """An http(s) base URL without a trailing slash (links are built as base + path)."""
+    from urllib.parse import urlsplit
+
+    from qualify.errors import BadInput
+
+    url = value.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        variable = {"public_url": "QUALIFY_PUBLIC_URL", "prefect_ui_url": "QUALIFY_PREFECT_UI_URL"}[name]
+        raise BadInput(f"{variable} {value!r}: an http(s) base URL such as https://qualify.example.com")
+    return url
 
 
 def redact_url(url: str) -> str:

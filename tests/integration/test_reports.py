@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.reports import seed_release_line
+from support.reports import seed_release_line, seed_run
 
 from qualify.report.html import render, write_report
 from qualify.report.views import report_view
@@ -116,3 +116,35 @@ def test_report_as_a_person_sees_it_in_chromium(sessions, tmp_path: Path) -> Non
         keep = Path(os.environ["QUALIFY_TEST_SCREENSHOTS"])
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, keep / "report.png")
+
+
+def test_what_a_release_manager_asks_first(sessions) -> None:
+    """Earlier runs of the digest and the tag with their verdicts, the components side by side with the baseline
+    run's, the promotions made from the run, and durations in one format."""
+    from qualify.store import repo
+
+    line = seed_release_line(sessions)
+    with sessions() as session:
+        base, run = repo.get_run(session, line.run_a), repo.get_run(session, line.run_b)
+        repo.record_component_checks(session, base, [{"name": "torch", "rule": "prefix", "expected": "2",
+                                                      "actual": "2.13.0", "ok": True}])
+        repo.record_component_checks(session, run, [{"name": "torch", "rule": "prefix", "expected": "2",
+                                                     "actual": "2.14.0", "ok": True}])
+        again = repo.get_run(session, line.run_a)
+        repo.record_promotion(session, repo.latest_decision(session, again.id), target_name="public",
+                              source_ref="r@d", source_digest=line.digest_a, target_ref="reg/x:1.0", outcome="promoted")
+        session.commit()
+    view = _view(sessions, line.run_b)
+    with sessions() as session:  # the same digest judged again later: both runs list the other, with its verdict
+        later = seed_run(session, repo.get_run(session, line.run_b).manifest_text, digest=line.digest_b).id
+        session.commit()
+    assert [(r["run"], r["verdict"], r["same_digest"]) for r in _view(sessions, later)["earlier_runs"]] == [
+        (line.run_b, "FAIL", True)]
+    assert _view(sessions, line.run_a)["earlier_runs"] == []
+    assert view["baseline_components"]["actual"] == {"torch": "2.13.0"}
+    page = render(view)
+    assert "<b>2.13.0 → 2.14.0</b>" in page and f"baseline run {line.run_a}" in page
+    assert "No promotion was made from this run." in page
+    promoted = render(_view(sessions, line.run_a))
+    assert "<code>reg/x:1.0</code>" in promoted and "<td>promoted</td>" in promoted
+    assert not re.search(r"<td class='num'>\d+\.\d{2,}</td><td class='num'>\d", page.split("id='cases'")[1][:3000])

@@ -169,8 +169,8 @@ def test_results_table_and_summary() -> None:
     rows = results_table(DETAIL)
     assert rows[0]["tokens/s"] == "1234" or rows[0]["tokens/s"].startswith("1.23")
     assert rows[0]["MFU"] == "n/a" and rows[1]["error class"] == "low_agreement" and rows[1]["exec s"] == "n/a"
-    text = summary_markdown(DETAIL, "/r/run-7.html")
-    assert "**FAIL**" in text and "a / b" in text and "torch: expected 2.6" in text and "/r/run-7.html" in text
+    text = summary_markdown(DETAIL, "https://q.example/v1/runs/7/report")
+    assert "**FAIL**" in text and "a / b" in text and "torch: expected 2.6" in text and "(https://q.example/v1/runs/7/report)" in text
 
 
 def test_artifact_keys_are_slugs() -> None:

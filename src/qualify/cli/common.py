@@ -22,8 +22,9 @@ from qualify.manifest.load import LoadedManifest, load_manifest
 from qualify.settings import Settings
 
 # Pipes and CI logs get wide lines instead of wrapping references mid-word.
-out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# No automatic highlighting: rich colours numbers and hex runs, i.e. parts of a digest, as if they meant something.
+out = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200, highlight=False)
 
 DbOption = typer.Option(None, "--db", help="database URL (default: QUALIFY_DATABASE_URL or SQLite in the data dir)")
 InsecureOption = typer.Option(None, "--insecure-registry", metavar="HOST:PORT",

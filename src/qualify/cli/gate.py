@@ -19,6 +19,7 @@ from qualify.cli.common import DbOption, InsecureOption, JsonOption, exit_with, 
 from qualify.errors import BadInput, ExitCode
 from qualify.gate.judging import decision_dict, evaluate_and_commit
 from qualify.outcomes import Verdict
+from qualify.report.verdict_text import reason_lines
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, parse_reference
 from qualify.registry import RegistryClient, RegistryError
@@ -27,9 +28,13 @@ from qualify.store import repo
 gate_app = new_app(help="Judge runs against their gate policy; check digests.")
 
 
-def _print_reasons(reasons: list[dict[str, Any]]) -> None:
-    for reason in reasons:  # the stored message starts with its case id when it has one
-        say(f"  {reason['status']:<11} {reason['check']}: {reason['message']}")
+VerboseOption = typer.Option(False, "--verbose", "-v", help="list every check, the passed ones too")
+
+
+def _print_reasons(reasons: list[dict[str, Any]], verbose: bool = False) -> None:
+    """What failed or could not be judged first; the passed checks as a count unless --verbose."""
+    for line in reason_lines(reasons, verbose):  # the stored message starts with its case id when it has one
+        say(f"  {line}")
 
 
 def _verdict_exit(verdict: str | None) -> ExitCode:
@@ -41,7 +46,8 @@ def gate_evaluate(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional
                   dry_run: bool = typer.Option(False, "--dry-run", help="judge and print; record nothing"),
                   today: Optional[str] = typer.Option(None, "--today", metavar="YYYY-MM-DD",
                                                       help="with --dry-run: judge waiver expiry as of this date"),
-                  as_json: bool = typer.Option(False, "--json", help="print the decision as JSON")) -> None:
+                  as_json: bool = typer.Option(False, "--json", help="print the decision as JSON"),
+                  verbose: bool = VerboseOption) -> None:
     """Evaluate a run again and record a new decision (exit 0 PASS, 1 FAIL or INCOMPLETE).
 
     Decisions are judged as of today; another date only in a dry evaluation, which is never stored
@@ -68,14 +74,14 @@ def gate_evaluate(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional
                 f"dry run as of {day or dt.date.today()}, not recorded")
         say(f"run {run_id}: {judgement.verdict} ({what}, {counts}; "
             f"baseline run {evaluation.baseline_run_id or 'none'})")
-        _print_reasons(judgement.reason_dicts())
+        _print_reasons(judgement.reason_dicts(), verbose)
     exit_with(_verdict_exit(judgement.verdict))
 
 
 @gate_app.command("show")
 def gate_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,
               show_all: bool = typer.Option(False, "--all", help="every decision, not only the latest"),
-              as_json: bool = JsonOption) -> None:
+              as_json: bool = JsonOption, verbose: bool = VerboseOption) -> None:
     """The run's decisions (the latest, or all with --all); exit 0 when shown."""
     with open_db(db, migrate=False)() as session:
         run = repo.get_run(session, run_id)
@@ -96,7 +102,7 @@ def gate_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str
         say(f"decision {d['id']} at {str(d['decided_at'])[:19]}: {d['verdict']} "
             f"digest={d['digest'] or 'n/a'} policy={d['policy_sha256'][:12]} "
             f"baseline run={d['baseline_run_id'] or 'none'}")
-        _print_reasons(d["reasons"])
+        _print_reasons(d["reasons"], verbose)
 
 
 def _resolve_tag(ref: ImageRef, insecure: list[str]) -> str:

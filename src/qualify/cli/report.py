@@ -10,6 +10,7 @@ import typer
 from qualify.cli.common import DbOption, open_db, say, settings
 from qualify.errors import BadInput
 from qualify.report.html import write_report
+from qualify.report.links import flow_run_url
 from qualify.report.views import report_view
 
 
@@ -21,6 +22,7 @@ def report(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] =
         view = report_view(session, run_id)
     if view is None:
         raise BadInput(f"no run {run_id}")
+    view["flow_run_url"] = flow_run_url(settings(db).prefect_ui_url, view.get("flow_run_id"))
     path = write_report(view, out_dir or settings(db).reports_dir)
     verdict = view["decisions"][-1]["verdict"] if view["decisions"] else "no decision"
     say(f"run {run_id} ({view['release']}, {verdict}): {path.resolve()}")

@@ -9,7 +9,6 @@ import contextlib
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -22,6 +21,7 @@ from qualify.errors import ExitCode
 from qualify.launcher import RunRequest, find_launcher
 from qualify.outcomes import RunOutcome, Verdict
 from qualify.progress import Progress
+from qualify.report.verdict_text import reason_lines
 
 
 def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
@@ -34,7 +34,9 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
         promote: Optional[bool] = typer.Option(None, "--promote/--no-promote",
                                                help="promote on PASS (default: the manifest's promotion.on_pass)"),
         as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON on stdout"),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="show Prefect's task logs")) -> None:
+        verbose: bool = typer.Option(False, "--verbose", "-v",
+                                     help="show Prefect's task logs, and every gate check (the passed ones too)")
+        ) -> None:
     """Qualify a release end to end: build, verify, run every case on Ray, gate, report, promote."""
     # Validate first, before Prefect and Ray start: bad input costs nothing and writes nothing.
     release = load(manifest).release
@@ -48,7 +50,7 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
     if as_json:
         print(json.dumps(outcome.to_dict(), indent=2, default=str))
     else:
-        _print_outcome(Console(width=None if sys.stdout.isatty() else 200), outcome)
+        _print_outcome(Console(width=None if sys.stdout.isatty() else 200, highlight=False), outcome, verbose)
     exit_with(ExitCode.OK if outcome.verdict == Verdict.PASS else ExitCode.FAIL)
 
 
@@ -59,17 +61,18 @@ def _progress_line() -> Iterator["ProgressSink"]:
     stop = threading.Event()
 
     def ticker() -> None:
-        start = time.monotonic()
         last = ""
         while not stop.wait(1.0):
             line = sink.text
             if sys.stderr.isatty():
-                sys.stderr.write(f"\r\033[K{line} [{time.monotonic() - start:.0f} s]")
+                sys.stderr.write(f"\r\033[K{line}")
                 sys.stderr.flush()
-            elif line != last:
+                continue
+            changed = line.rsplit("; elapsed", 1)[0]  # in logs, a line when the cases move, not every second
+            if changed != last:
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()
-            last = line
+            last = changed
 
     thread = threading.Thread(target=ticker, daemon=True)
     thread.start()
@@ -83,22 +86,43 @@ def _progress_line() -> Iterator["ProgressSink"]:
 
 
 class ProgressSink:
-    """The progress callback the flow calls from its worker threads; the ticker reads `text`."""
+    """The progress callback the flow calls from its worker threads; the ticker reads `text` every second."""
 
     def __init__(self) -> None:
-        self.text = "starting"
+        self.progress: Progress | None = None
 
     def __call__(self, p: Progress) -> None:
-        self.text = (f"cases {p.done}/{p.total} done, {p.running} running, {p.failed} failed, "
-                     f"elapsed {p.elapsed_s:.0f} s")
+        self.progress = p
+
+    @property
+    def text(self) -> str:
+        return progress_text(self.progress)
 
 
-def _print_outcome(console: Console, outcome: RunOutcome) -> None:
+def progress_text(p: Progress | None, width: int = 60) -> str:
+    """'cases 1/8 done, 1 failed; on Ray (queued or running): a, b, +5 more; elapsed 71 s', the elapsed time
+    read now (never frozen at the last change)."""
+    if p is None:
+        return "starting"
+    names = list(p.submitted)
+    shown = ""
+    for k, name in enumerate(names):
+        more = f", +{len(names) - k} more" if shown else f"{len(names)} cases"
+        if len(shown) + len(name) + 2 > width:
+            shown += more
+            break
+        shown += (", " if shown else "") + name
+    on_ray = f"; on Ray (queued or running): {shown}" if names else ""
+    return f"cases {p.done}/{p.total} done, {p.failed} failed{on_ray}; elapsed {p.elapsed_s:.0f} s"
+
+
+def _print_outcome(console: Console, outcome: RunOutcome, verbose: bool = False) -> None:
+    """The verdict, then what failed or could not be judged; the passed checks as a count (all with --verbose)."""
     colour = {Verdict.PASS: "green", Verdict.FAIL: "red"}.get(outcome.verdict, "yellow")
-    console.print(f"run {outcome.run_id}: [bold {colour}]{outcome.verdict}[/]  candidate {outcome.digest}")
-    for reason in outcome.reasons:
-        console.print(f"  {reason['status']:<11} {reason['check']}: {reason['message']}", markup=False,
-                      highlight=False)
+    console.print(f"run {outcome.run_id}: [bold {colour}]{outcome.verdict}[/]  candidate {outcome.digest}",
+                  highlight=False)
+    for line in reason_lines(outcome.reasons, verbose):
+        console.print(f"  {line}", markup=False, highlight=False)
     if outcome.stage_seconds:
         console.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.stage_seconds.items()))
     for p in outcome.promotions:

@@ -11,6 +11,7 @@ from rich.table import Table
 from qualify.cli.common import DbOption, JsonOption, new_app, open_db, out
 from qualify.errors import BadInput
 from qualify.report.views import run_detail, run_summary
+from qualify.report.verdict_text import reason_lines
 from qualify.store import repo
 
 runs_app = new_app(help="Read qualification runs.")
@@ -38,7 +39,9 @@ def runs_list(db: Optional[str] = DbOption, limit: int = typer.Option(20, min=1)
 
 @runs_app.command("show")
 def runs_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,
-              as_json: bool = JsonOption) -> None:
+              as_json: bool = JsonOption,
+              verbose: bool = typer.Option(False, "--verbose", "-v", help="list every check, the passed ones too")
+              ) -> None:
     """One run: stages, component checks, case results, decisions, promotions."""
     sessions = open_db(db, migrate=False)
     with sessions() as session:
@@ -48,10 +51,10 @@ def runs_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str
     if as_json:
         print(json.dumps(detail, indent=2, default=str))
         return
-    _print_run(detail)
+    _print_run(detail, verbose)
 
 
-def _print_run(d: dict[str, Any]) -> None:
+def _print_run(d: dict[str, Any], verbose: bool = False) -> None:
     out.print(f"[bold]run {d['run']}[/bold] {d['release']} status={d['status']} stage={d['stage']} "
               f"digest={d['digest'] or 'n/a'}")
     if d.get("error"):
@@ -76,8 +79,8 @@ def _print_run(d: dict[str, Any]) -> None:
     out.print(t)
     for dec in d["decisions"]:
         out.print(f"decision {dec['id']} at {str(dec['decided_at'])[:19]}: [bold]{dec['verdict']}[/bold]")
-        for reason in dec["reasons"]:
-            out.print(f"  {reason['status']:<11} {reason['check']}: {reason['message']}", markup=False)
+        for line in reason_lines(dec["reasons"], verbose):  # what decided first, the passes as a count
+            out.print(f"  {line}", markup=False, highlight=False)
     for p in d["promotions"]:
         out.print(f"promotion {p['target_name']}: {p['outcome']} {p['target_ref']}"
                   + (f" ({p['detail']})" if p.get("detail") else ""), markup=False)

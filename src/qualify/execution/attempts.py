@@ -71,7 +71,7 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
     runner = runner or run_case_on_ray
     infeasible = infeasible or infeasible_reason
     assert ctx.executor is not None, "obtain_candidate() sets the executor"
-    ctx.progress.start_case()
+    ctx.progress.start_case(case.case_id)
     paired_case = is_paired_case(ctx.paired, ctx.manifest, case)
     attempts = 0
     retries = ctx.manifest.execution.infra_retries
@@ -115,5 +115,5 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
                           error_class=ErrorClass(doc["error_class"]) if doc.get("error_class") else None,
                           error=doc.get("error"), attempts=attempts, exec_s=out.exec_s,
                           queue_wait_s=out.queue_wait_s, node=out.node, gpu_ids=tuple(out.gpu_ids))
-    ctx.progress.finish_case(outcome.passed)
+    ctx.progress.finish_case(outcome.passed, case.case_id)
     return outcome

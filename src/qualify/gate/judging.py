@@ -22,6 +22,7 @@ from qualify.manifest import ReleaseManifest
 from qualify.manifest.load import ManifestError, policy_sha256
 from qualify.store import repo
 from qualify.store.models import GateDecision, Run
+from qualify.timestamps import iso
 
 
 class GateError(BadInput):
@@ -99,5 +100,5 @@ def evaluate_and_commit(session_factory: Callable[[], Session], run_id: int, *,
 def decision_dict(decision: GateDecision) -> dict[str, Any]:
     return {"id": decision.id, "run": decision.run_id, "digest": decision.digest, "verdict": decision.verdict,
             "policy_sha256": decision.policy_sha256, "baseline_run_id": decision.baseline_run_id,
-            "decided_at": decision.decided_at.isoformat() if decision.decided_at else None,
+            "decided_at": iso(decision.decided_at),
             "reasons": decision.reasons}

@@ -19,6 +19,7 @@ from qualify.manifest.load import ManifestError
 from qualify.outcomes import CheckStatus, Verdict
 from qualify.store import repo
 from qualify.store.models import Run
+from qualify.timestamps import iso
 
 
 @dataclass
@@ -43,7 +44,7 @@ class PushCheck:
         return {"reference": self.reference, "digest": self.digest, "ok": self.ok,
                 "verdict": self.verdict, "decision": self.decision, "run": self.run, "release": self.release,
                 "policy_sha256": self.policy_sha256,
-                "decided_at": self.decided_at.isoformat() if self.decided_at else None,
+                "decided_at": iso(self.decided_at),
                 "overrides_pass_decision": self.overrides_pass_decision, "reasons": self.reasons,
                 "problems": self.problems}
 

@@ -10,6 +10,8 @@ import base64
 import io
 from typing import Any, Sequence
 
+from qualify.numbers import finite, signed_pct
+
 STATUS_COLOURS = {"PASS": "#2da44e", "FAIL": "#cf222e", "INCOMPLETE": "#bf8700", "WAIVED": "#8c959f",
                   "NO-BASELINE": "#8c959f", None: "#57606a"}
 CALL_COLOURS = {"regression": "#cf222e", "improvement": "#2da44e", "noise": "#57606a", "not comparable": "#bf8700",
@@ -76,7 +78,12 @@ def training_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
     rows: {variant, tokens_per_s, tps_low, tps_high, mfu, gain, gain_low, gain_high, min_gain, gain_status,
     gain_baseline}."""
     plt = _plt()
-    fig, (ax_t, ax_m, ax_g) = plt.subplots(1, 3, figsize=(12.5, 3.6), gridspec_kw={"width_ratios": [1, 1, 1.2]})
+    mfu = [finite(r.get("mfu")) for r in rows]
+    has_mfu = any(v is not None for v in mfu)
+    if has_mfu:
+        fig, (ax_t, ax_m, ax_g) = plt.subplots(1, 3, figsize=(12.5, 3.6), gridspec_kw={"width_ratios": [1, 1, 1.2]})
+    else:  # no panel for a figure that could not be computed: the tokens/s title says why
+        fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1, 1.2]})
     labels = [r["variant"] for r in rows]
     xs = list(range(len(rows)))
     tps = [finite(r.get("tokens_per_s")) for r in rows]
@@ -84,12 +91,13 @@ def training_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
     ax_t.bar(xs, [v or 0.0 for v in tps], color=BAR,
              yerr=_whiskers(tps, [finite(r.get("tps_low")) for r in rows], highs), capsize=3)
     _label_bars(ax_t, xs, tps, "{:.0f}", highs)
-    ax_t.set_title(f"{model}: tokens/s (median, min..max)", fontsize=9)
+    ax_t.set_title(f"{model}: tokens/s (median; whiskers min..max of launches)"
+                   + ("" if has_mfu else "\nMFU n/a: no known peak FLOP/s for this device"), fontsize=9)
+    ax_t.set_ylabel("tokens/s", fontsize=8)
     ax_t.set_xticks(xs, labels, rotation=20, ha="right", fontsize=8)
     ax_t.margins(y=0.15)
 
-    mfu = [finite(r.get("mfu")) for r in rows]
-    if any(v is not None for v in mfu):
+    if has_mfu:
         pct = [v * 100 if v is not None else None for v in mfu]
         ax_m.bar(xs, [v or 0.0 for v in pct], color=BAR2)
         _label_bars(ax_m, xs, pct, "{:.1f}%")
@@ -98,16 +106,16 @@ def training_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
                 ax_m.annotate("n/a", (x, 0), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
         ax_m.set_xticks(xs, labels, rotation=20, ha="right", fontsize=8)
         ax_m.margins(y=0.15)
-    else:
-        _no_data(ax_m, "MFU n/a for every variant\n(no known peak FLOP/s for this device)")
-    ax_m.set_title(f"{model}: MFU", fontsize=9)
+        ax_m.set_title(f"{model}: MFU", fontsize=9)
 
     gains = [r for r in rows if finite(r.get("gain")) is not None or finite(r.get("min_gain")) is not None]
     if gains:
         gx = list(range(len(gains)))
         values = [finite(r.get("gain")) for r in gains]
         heights = [(v or 0.0) * 100 for v in values]
-        colours = [STATUS_COLOURS.get(r.get("gain_status"), STATUS_COLOURS[None]) for r in gains]
+        # Colour says the direction (a slowdown is red even when the check passed); the check's status is in the
+        # tick label.
+        colours = [STATUS_COLOURS["FAIL"] if (v or 0.0) < 0 else STATUS_COLOURS["PASS"] for v in values]
         err = _whiskers([h if v is not None else None for h, v in zip(heights, values)],
                         [(finite(r.get("gain_low")) or 0) * 100 if finite(r.get("gain_low")) is not None else None
                          for r in gains],
@@ -129,7 +137,8 @@ def training_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
                             label="required gain" if x == 0 else None)
                 ax_g.annotate(f"req. {signed_pct(required)}", (x + 0.42, required * 100), textcoords="offset points",
                               xytext=(2, -3), fontsize=6.5, color="#8250df")
-        ax_g.set_xticks(gx, [f"{r['variant']}\nvs {r.get('gain_baseline') or 'base'}" for r in gains], fontsize=8)
+        ax_g.set_xticks(gx, [f"{r['variant']}\nvs {r.get('gain_baseline') or 'base'}\n"
+                             f"check {r.get('gain_status') or 'n/a'}" for r in gains], fontsize=8)
         ax_g.set_ylabel("gain %", fontsize=8)
         ax_g.legend(fontsize=7, loc="best")
         ax_g.margins(x=0.3, y=0.2)
@@ -155,7 +164,8 @@ def inference_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
              yerr=_whiskers(tps, [finite(r.get("tps_low")) for r in rows], highs), capsize=3)
     _label_bars(ax_t, xs, tps, "{:.0f}", highs)
     ax_t.set_xticks(xs, labels, fontsize=8)
-    ax_t.set_title(f"{model}: output tokens/s per scheme", fontsize=9)
+    ax_t.set_title(f"{model}: output tokens/s per scheme (median; whiskers min..max of launches)", fontsize=9)
+    ax_t.set_ylabel("output tokens/s", fontsize=8)
     ax_t.margins(y=0.15)
 
     width = 0.38

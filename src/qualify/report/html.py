@@ -78,6 +78,11 @@ def _n(value: Any) -> str:
     return esc(fmt_number(value))
 
 
+def _seconds(value: Any) -> str:
+    """Durations in one format (0.0, 331.0): a column that mixes 0.008964 and 331 reads as noise."""
+    return esc(f"{value:.1f}") if isinstance(value, (int, float)) else "n/a"
+
+
 def _bytes(value: Any) -> str:
     if not isinstance(value, (int, float)):
         return "n/a"
@@ -93,33 +98,37 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _span(samples: Any) -> tuple[float | None, float | None]:
-    xs = [float(v) for v in (samples or []) if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return (min(xs), max(xs)) if xs else (None, None)
+    values = [float(value) for value in (samples or [])
+              if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    return (min(values), max(values)) if values else (None, None)
 
 
 def _reasons_by_case(decision: dict[str, Any] | None, check: str) -> dict[str, dict[str, Any]]:
     if not decision:
         return {}
-    return {r["case_id"]: r for r in decision["reasons"] if r["check"] == check and r.get("case_id")}
+    return {reason["case_id"]: reason for reason in decision["reasons"]
+            if reason["check"] == check and reason.get("case_id")}
 
 
 # --------------------------------------------------------------------------- sections
 
 
-def _banner(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
+def _banner(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
     verdict = decision["verdict"] if decision else "no decision"
     groups = reasons_by_status(decision["reasons"]) if decision else {}
-    counts = " ".join(f"<span>{len(groups[s])} {esc(s)}</span>" for s in STATUS_ORDER if groups.get(s))
+    counts = " ".join(f"<span>{len(groups[status])} {esc(status)}</span>"
+                      for status in STATUS_ORDER if groups.get(status))
     cls = "v-" + (verdict if verdict in ("PASS", "FAIL", "INCOMPLETE") else "none")
-    cases = d["cases"]
-    passed = sum(c["status"] == "passed" for c in cases)
-    return (f"<header class='banner {cls}'><h1>{esc(d['release'])} — run {d['run']}: {esc(verdict)}</h1>"
-            f"<div class='sub'>candidate <code>{esc(d['digest'] or 'n/a')}</code> · {passed}/{len(cases)} cases "
+    cases = view["cases"]
+    passed = sum(case["status"] == "passed" for case in cases)
+    return (f"<header class='banner {cls}'><h1>{esc(view['release'])} — run {view['run']}: {esc(verdict)}</h1>"
+            f"<div class='sub'>candidate <code>{esc(view['digest'] or 'n/a')}</code> · {passed}/{len(cases)} cases "
             f"passed · decided {esc(str(decision['decided_at'])[:19]) if decision else 'never'}</div>"
             f"<div class='sub counts'>checks: {counts or 'none'}</div></header>")
 
 
-NAV = [("gate", "verdict"), ("run", "run"), ("components", "components"), ("training", "training"),
+NAV = [("gate", "verdict"), ("run", "run"), ("history", "other runs"), ("promotions", "promotions"),
+       ("components", "components"), ("training", "training"),
        ("baseline", "baseline"), ("inference", "inference"), ("probes", "probes"), ("waivers", "waivers"),
        ("retries", "retries"), ("cases", "cases"), ("environment", "environment")]
 
@@ -142,167 +151,199 @@ def _gate(decision: dict[str, Any] | None) -> str:
         out.append(f"<h3 class='{esc(status)}' id='checks-{esc(status.lower())}'>{esc(titles[status])} "
                    f"({len(rows)})</h3>")
         out.append(_table(["status", "check", "case", "reason"],
-                          [[_status(r["status"]), esc(r["check"]), esc(r.get("case_id") or "run"),
-                            esc(r["message"])] for r in rows],
+                          [[_status(reason["status"]), esc(reason["check"]), esc(reason.get("case_id") or "run"),
+                            esc(reason["message"])] for reason in rows],
                           row_classes=["bad" if status == "FAIL" else "" for _ in rows]))
     passes = groups.get("PASS") or []
     if passes:
         out.append(f"<details><summary>{len(passes)} passed checks</summary>")
         out.append(_table(["check", "case", "reason"],
-                          [[esc(r["check"]), esc(r.get("case_id") or "run"), esc(r["message"])] for r in passes]))
+                          [[esc(reason["check"]), esc(reason.get("case_id") or "run"), esc(reason["message"])]
+                           for reason in passes]))
         out.append("</details>")
     out.append("</section>")
     return "".join(out)
 
 
-def _run_facts(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
-    image = d.get("image") or {}
+def _run_facts(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
+    image = view.get("image") or {}
     rows = [
-        ["release", esc(d["release"])],
+        ["release", esc(view["release"])],
         ["candidate", esc(f"{image.get('repository')}:{image.get('tag')}" if image else "n/a")],
-        ["digest", f"<code>{esc(d['digest'] or 'n/a')}</code>"],
+        ["digest", f"<code>{esc(view['digest'] or 'n/a')}</code>"],
         ["builder", esc(image.get("builder") or "n/a")],
-        ["status / stage", esc(f"{d['status']} / {d['stage']}")],
-        ["started / finished", esc(f"{str(d['started_at'])[:19]} / {str(d['finished_at'] or 'n/a')[:19]}")],
-        ["manifest", esc(f"{d['manifest_path'] or 'n/a'} (sha256 {str(d['manifest_sha256'])[:12]})")],
+        ["status / stage", esc(f"{view['status']} / {view['stage']}")],
+        ["started / finished", esc(f"{str(view['started_at'])[:19]} / {str(view['finished_at'] or 'n/a')[:19]}")],
+        ["manifest", esc(f"{view['manifest_path'] or 'n/a'} (sha256 {str(view['manifest_sha256'])[:12]})")],
         ["gate policy", esc(str(decision["policy_sha256"])[:12] if decision else "n/a")],
         ["baseline run", esc(str(decision["baseline_run_id"]) if decision and decision["baseline_run_id"] else "none")],
-        ["triggered by", esc(d.get("triggered_by") or "n/a")],
-        ["Prefect flow run", esc(d.get("flow_run_id") or "n/a")],
+        ["triggered by", esc(view.get("triggered_by") or "n/a")],
+        ["Prefect flow run", _flow_run_link(view)],
     ]
-    if d.get("error"):
-        rows.append(["error", esc(d["error"])])
-    if d["stage_seconds"]:
-        rows.append(["stages", esc(", ".join(f"{k} {v:.1f} s" for k, v in d["stage_seconds"].items()))])
+    if view.get("error"):
+        rows.append(["error", esc(view["error"])])
+    if view["stage_seconds"]:
+        stages = ", ".join(f"{name} {value:.1f} s" for name, value in view["stage_seconds"].items())
+        rows.append(["stages", esc(stages)])
     return ("<section id='run'><h2>Run</h2><table>"
-            + "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table></section>")
+            + "".join(f"<tr><th>{esc(name)}</th><td>{value}</td></tr>" for name, value in rows) + "</table></section>")
 
 
-def _components(d: dict[str, Any]) -> str:
-    comps = d["components"]
+def _flow_run_link(view: dict[str, Any]) -> str:
+    """The flow run's page in the Prefect UI when its URL is known (view['flow_run_url']), else its bare id."""
+    flow_run_id = view.get("flow_run_id")
+    url = view.get("flow_run_url")
+    if flow_run_id and url:
+        return f"<a href='{esc(url, quote=True)}'>{esc(flow_run_id)}</a>"
+    return esc(flow_run_id or "n/a")
+
+
+def _components(view: dict[str, Any]) -> str:
+    comps = view["components"]
     if not comps:
         return "<section id='components'><h2>Components</h2><p class='note'>No component was checked.</p></section>"
-    bad = [c for c in comps if not c["ok"] and not (c.get("optional") and c["actual"] is None)]
-    rows = [[esc(c["name"]), esc(c["rule"]), esc(c["expected"]), esc(c["actual"] or "missing"),
-             ("<span class='PASS'>yes</span>" if c["ok"] else
-              "<span class='WAIVED'>optional, absent</span>" if c.get("optional") and c["actual"] is None else
-              "<span class='FAIL'>NO</span>"), esc(c.get("detail") or "")] for c in comps]
+    def absent_optional(component: dict[str, Any]) -> bool:
+        return bool(component.get("optional")) and component["actual"] is None
+
+    bad = [component for component in comps if not component["ok"] and not absent_optional(component)]
+    baseline = view.get("baseline_components")
+    before = (baseline or {}).get("actual") or {}
+
+    def against_baseline(component: dict[str, Any]) -> str:
+        was = before.get(component["name"])
+        if was == component["actual"]:
+            return esc(was or "missing")
+        return f"<b>{esc(was or 'missing')} → {esc(component['actual'] or 'missing')}</b>"
+
+    rows = [[esc(component["name"]), esc(component["rule"]), esc(component["expected"]),
+             esc(component["actual"] or "missing"), *([against_baseline(component)] if baseline else []),
+             ("<span class='PASS'>yes</span>" if component["ok"] else
+              "<span class='WAIVED'>optional, absent</span>" if absent_optional(component) else
+              "<span class='FAIL'>NO</span>"), esc(component.get("detail") or "")] for component in comps]
     return (f"<section id='components'><h2>Components</h2><p>{len(comps) - len(bad)}/{len(comps)} as expected.</p>"
-            + _table(["name", "rule", "expected", "actual", "ok", "detail"], rows,
-                     row_classes=["bad" if c in bad else "" for c in comps]) + "</section>")
+            + (f"<p>Against the baseline run {baseline['run']} ({esc(baseline['release'])}): a change is shown "
+               "as before → now.</p>" if baseline else "")
+            + _table(["name", "rule", "expected", "actual",
+                      *([f"baseline run {baseline['run']}"] if baseline else []), "ok", "detail"], rows,
+                     row_classes=["bad" if component in bad else "" for component in comps]) + "</section>")
 
 
-def _training(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
-    train = [c for c in d["cases"] if c["kind"] == "train"]
+def _training(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
+    train = [case for case in view["cases"] if case["kind"] == "train"]
     out = ["<section id='training'><h2>Training</h2>"]
     if not train:
         out.append("<p class='note'>No training case in this run.</p></section>")
         return "".join(out)
     gains = _reasons_by_case(decision, "variant_gain")
     evidence = _reasons_by_case(decision, "variant_evidence")
-    policy_gains = {g["variant"]: g for g in ((d.get("policy") or {}).get("variant_gains") or [])}
+    policy_gains = {gain["variant"]: gain for gain in ((view.get("policy") or {}).get("variant_gains") or [])}
     rows, classes = [], []
-    for c in train:
-        m = c["metrics"] or {}
-        lo, hi = _span((c.get("samples") or {}).get("tokens_per_s"))
-        g = gains.get(c["case_id"])
-        fig = (g or {}).get("figures") or {}
-        required = fig.get("min_gain", (policy_gains.get(c["variant"]) or {}).get("min_gain"))
-        gain = (f"{signed_pct(fig['gain'])} [{signed_pct(fig.get('gain_low'))} .. {signed_pct(fig.get('gain_high'))}]"
-                if fig.get("gain") is not None else "n/a")
-        ev = evidence.get(c["case_id"])
-        rows.append([esc(c["case_id"]), _case_status(c),
-                     _n(m.get("tokens_per_s")), esc(f"{fmt_number(lo)} .. {fmt_number(hi)}"),
-                     _n(m.get("tflops_per_device")), esc(signed_pct(m.get("mfu"), signed=False)),
-                     _n(m.get("step_time_s_median")), esc(_bytes(m.get("peak_memory_bytes"))),
+    for case in train:
+        metrics = case["metrics"] or {}
+        low, high = _span((case.get("samples") or {}).get("tokens_per_s"))
+        gain_reason = gains.get(case["case_id"])
+        figures = (gain_reason or {}).get("figures") or {}
+        required = figures.get("min_gain", (policy_gains.get(case["variant"]) or {}).get("min_gain"))
+        gain = (f"{signed_pct(figures['gain'])} [{signed_pct(figures.get('gain_low'))} .. {signed_pct(figures.get('gain_high'))}]"
+                if figures.get("gain") is not None else "n/a")
+        evidence_reason = evidence.get(case["case_id"])
+        rows.append([esc(case["case_id"]), _case_status(case),
+                     _n(metrics.get("tokens_per_s")), esc(f"{fmt_number(low)} .. {fmt_number(high)}"),
+                     _n(metrics.get("tflops_per_device")), esc(signed_pct(metrics.get("mfu"), signed=False)),
+                     _n(metrics.get("step_time_s_median")), esc(_bytes(metrics.get("peak_memory_bytes"))),
                      esc(gain), esc(signed_pct(required) if required is not None else "n/a"),
-                     _status(g["status"]) if g else "n/a",
-                     (_status(ev["status"]) + " " + esc(ev["message"].split(": ", 1)[-1])) if ev else "n/a"])
-        classes.append("bad" if c["status"] != "passed" or (g and g["status"] == "FAIL") else "")
+                     _status(gain_reason["status"]) if gain_reason else "n/a",
+                     (_status(evidence_reason["status"]) + " " + esc(evidence_reason["message"].split(": ", 1)[-1]))
+                     if evidence_reason else "n/a"])
+        classes.append("bad" if case["status"] != "passed" or (gain_reason and gain_reason["status"] == "FAIL") else "")
     out.append(_table(["case", "status", "tokens/s", "min..max", "TFLOP/s/device", "MFU", "step s", "peak memory",
                        "gain over baseline [90% interval]", "required", "gain check", "variant evidence"], rows,
                       classes=["", "", "num", "num", "num", "num", "num", "num", "", "num", "", ""],
                       row_classes=classes))
-    for model in dict.fromkeys(c["model"] for c in train):
+    for model in dict.fromkeys(case["model"] for case in train):
         chart_rows = []
-        for c in (c for c in train if c["model"] == model):
-            m = c["metrics"] or {}
-            lo, hi = _span((c.get("samples") or {}).get("tokens_per_s"))
-            g = gains.get(c["case_id"])
-            fig = (g or {}).get("figures") or {}
-            pg = policy_gains.get(c["variant"]) or {}
-            chart_rows.append({"variant": c["variant"], "tokens_per_s": m.get("tokens_per_s"), "tps_low": lo,
-                               "tps_high": hi, "mfu": m.get("mfu"), "gain": fig.get("gain"),
-                               "gain_low": fig.get("gain_low"), "gain_high": fig.get("gain_high"),
-                               "min_gain": fig.get("min_gain", pg.get("min_gain")),
-                               "gain_status": g["status"] if g else None,
-                               "gain_baseline": fig.get("baseline", pg.get("baseline"))})
+        for case in (case for case in train if case["model"] == model):
+            metrics = case["metrics"] or {}
+            low, high = _span((case.get("samples") or {}).get("tokens_per_s"))
+            gain_reason = gains.get(case["case_id"])
+            figures = (gain_reason or {}).get("figures") or {}
+            policy_gain = policy_gains.get(case["variant"]) or {}
+            chart_rows.append({"variant": case["variant"], "tokens_per_s": metrics.get("tokens_per_s"), "tps_low": low,
+                               "tps_high": high, "mfu": metrics.get("mfu"), "gain": figures.get("gain"),
+                               "gain_low": figures.get("gain_low"), "gain_high": figures.get("gain_high"),
+                               "min_gain": figures.get("min_gain", policy_gain.get("min_gain")),
+                               "gain_status": gain_reason["status"] if gain_reason else None,
+                               "gain_baseline": figures.get("baseline", policy_gain.get("baseline"))})
         out.append(f"<h3>{esc(str(model))}</h3>")
         out.append(_img(charts.training_chart(str(model), chart_rows), f"training chart {model}"))
     out.append("</section>")
     return "".join(out)
 
 
-def _baseline(d: dict[str, Any]) -> str:
+def _baseline(view: dict[str, Any]) -> str:
     out = ["<section id='baseline'><h2>Comparison with the baseline</h2>"]
-    view = d.get("baseline")
-    mode = ((d.get("policy") or {}).get("regression") or {}).get("baseline", "history")
-    if d.get("paired") is not None:
-        return _paired(d["paired"], (d.get("policy") or {}).get("regression") or {})
-    if not view:
-        out.append(f"<p class='note'>{esc(d.get('baseline_note') or 'no baseline')} "
+    comparison = view.get("baseline")
+    mode = ((view.get("policy") or {}).get("regression") or {}).get("baseline", "history")
+    if view.get("paired") is not None:
+        return _paired(view["paired"], (view.get("policy") or {}).get("regression") or {})
+    if not comparison:
+        out.append(f"<p class='note'>{esc(view.get('baseline_note') or 'no baseline')} "
                    f"(baseline mode: {esc(mode)}).</p></section>")
         return "".join(out)
-    a = view["a"]
-    how = ("paired: the previous image measured beside the candidate" if view["baseline_mode"] == "paired" else
-           f"{view['baseline_mode']}: the previous release's stored results")
-    pol = view["policy"]
-    out.append(f"<p>Baseline: run {a['run_id']} of {esc(a['label'])} (digest <code>{esc(a['digest'] or 'n/a')}"
-               f"</code>), {esc(how)}. Rule: a regression is a change beyond {pol['max_regression']:.0%} that is "
-               f"significant (one-sided Welch t-test on the launches' logs, p &lt; {pol['alpha']:g}) with ≥ {pol['min_samples']} "
-               f"samples a side, else beyond the noise floor {pol['noise_floor']:.0%}. Ratio = candidate median / "
+    baseline_run = comparison["a"]
+    how = ("paired: the previous image measured beside the candidate" if comparison["baseline_mode"] == "paired" else
+           f"{comparison['baseline_mode']}: the previous release's stored results")
+    policy = comparison["policy"]
+    out.append(f"<p>Baseline: run {baseline_run['run_id']} of {esc(baseline_run['label'])} "
+               f"(digest <code>{esc(baseline_run['digest'] or 'n/a')}"
+               f"</code>), {esc(how)}. Rule: a regression is a change beyond {policy['max_regression']:.0%} that is "
+               f"significant (one-sided Welch t-test on the launches' logs, p &lt; {policy['alpha']:g}) "
+               f"with ≥ {policy['min_samples']} "
+               f"samples a side, else beyond the noise floor {policy['noise_floor']:.0%}. Ratio = candidate median / "
                f"baseline median, 90% bootstrap interval.</p>")
     rows, classes = [], []
-    for r in view["rows"]:
-        interval = (f"[{r['ratio_low']:.3f} .. {r['ratio_high']:.3f}]" if r.get("ratio_low") is not None else "n/a")
-        rows.append([esc(r["case_id"]), esc(r["metric"]), _n(r["median_a"]), _n(r["median_b"]),
-                     esc(f"{r['ratio']:.3f}" if r.get("ratio") is not None else "n/a"), esc(interval),
-                     esc(f"{r['p_value']:.3g}" if r.get("p_value") is not None else "n/a"),
-                     esc(f"{r['n_b']} vs {r['n_a']}"),
-                     f"<span class='{esc(r['call'].replace(' ', '-'))}'>{esc(r['call'])}</span>",
-                     _status(r.get("gate_status")), esc(r["message"])])
-        classes.append("bad" if r["call"] == "regression" else "")
+    for row in comparison["rows"]:
+        interval = (f"[{row['ratio_low']:.3f} .. {row['ratio_high']:.3f}]" if row.get("ratio_low") is not None
+                    else "n/a")
+        rows.append([esc(row["case_id"]), esc(row["metric"]), _n(row["median_a"]), _n(row["median_b"]),
+                     esc(f"{row['ratio']:.3f}" if row.get("ratio") is not None else "n/a"), esc(interval),
+                     esc(f"{row['p_value']:.3g}" if row.get("p_value") is not None else "n/a"),
+                     esc(f"{row['n_b']} vs {row['n_a']}"),
+                     f"<span class='{esc(row['call'].replace(' ', '-'))}'>{esc(row['call'])}</span>",
+                     _status(row.get("gate_status")), esc(row["message"])])
+        classes.append("bad" if row["call"] == "regression" else "")
     out.append(_table(["case", "metric", "baseline", "candidate", "ratio", "interval", "p", "samples", "call",
                        "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "num", "num", "", "", ""], row_classes=classes))
-    out.append(_img(charts.baseline_chart(view["rows"], f"change against run {a['run_id']} ({a['label']})"),
+    title = f"change against run {baseline_run['run_id']} ({baseline_run['label']})"
+    out.append(_img(charts.baseline_chart(comparison["rows"], title),
                     "baseline comparison chart"))
     out.append("</section>")
     return "".join(out)
 
 
-def _paired(rows_in: list[dict[str, Any]], pol: dict[str, Any]) -> str:
+def _paired(rows_in: list[dict[str, Any]], policy: dict[str, Any]) -> str:
     """gate.regression.baseline: paired -- the previous release measured beside the candidate, launch by launch."""
     out = ["<section id='baseline'><h2>Comparison with the baseline (paired)</h2>",
            "<p>The previous release's image was measured on the same node as the candidate, launches interleaved "
            "A B A B, so that the machine's state is the same for both sides of a pair. Rule: a regression is a "
-           f"median pair change beyond {pol.get('max_regression', 0):.0%} that is significant (one-sided paired "
-           f"t-test on the log ratios, p &lt; {pol.get('alpha', 0.05):g}) with ≥ {pol.get('min_samples')} pairs, "
-           f"else beyond the noise floor {pol.get('noise_floor', 0):.0%}.</p>"]
+           f"median pair change beyond {policy.get('max_regression', 0):.0%} that is significant (one-sided paired "
+           f"t-test on the log ratios, p &lt; {policy.get('alpha', 0.05):g}) with ≥ {policy.get('min_samples')} pairs, "
+           f"else beyond the noise floor {policy.get('noise_floor', 0):.0%}.</p>"]
     if not rows_in:
         out.append("<p class='note'>no paired comparison was recorded</p></section>")
         return "".join(out)
     rows, classes = [], []
-    for r in rows_in:
-        cand, base = r.get("candidate") or [], r.get("baseline_samples") or []
-        pairs = " ".join(f"{c:.4g}/{b:.4g}" for c, b in zip(cand, base)) or "n/a"
-        rows.append([esc(r.get("case_id") or ""), esc(r.get("metric") or ""), _n(r.get("median_baseline")),
-                     _n(r.get("median_candidate")),
-                     esc(f"{r['ratio']:.3f}" if r.get("ratio") is not None else "n/a"),
-                     esc(f"{r['p_value']:.3g}" if r.get("p_value") is not None else "n/a"), esc(pairs),
-                     esc(" ".join(r.get("order") or []) or "n/a"), esc(r.get("baseline") or "n/a"),
-                     _status(r.get("status")), esc(r.get("message") or "")])
-        classes.append("bad" if r.get("status") == "FAIL" else "")
+    for row in rows_in:
+        cand, base = row.get("candidate") or [], row.get("baseline_samples") or []
+        pairs = " ".join(f"{cand_value:.4g}/{base_value:.4g}" for cand_value, base_value in zip(cand, base)) or "n/a"
+        rows.append([esc(row.get("case_id") or ""), esc(row.get("metric") or ""), _n(row.get("median_baseline")),
+                     _n(row.get("median_candidate")),
+                     esc(f"{row['ratio']:.3f}" if row.get("ratio") is not None else "n/a"),
+                     esc(f"{row['p_value']:.3g}" if row.get("p_value") is not None else "n/a"), esc(pairs),
+                     esc(" ".join(row.get("order") or []) or "n/a"), esc(row.get("baseline") or "n/a"),
+                     _status(row.get("status")), esc(row.get("message") or "")])
+        classes.append("bad" if row.get("status") == "FAIL" else "")
     out.append(_table(["case", "metric", "baseline median", "candidate median", "median pair ratio", "p",
                        "pairs (candidate/baseline)", "order", "baseline image", "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "", "", "", "", ""], row_classes=classes))
@@ -310,115 +351,149 @@ def _paired(rows_in: list[dict[str, Any]], pol: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _inference(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
-    infer = [c for c in d["cases"] if c["kind"] == "infer"]
+def _inference(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
+    infer = [case for case in view["cases"] if case["kind"] == "infer"]
     out = ["<section id='inference'><h2>Inference</h2>"]
     if not infer:
         out.append("<p class='note'>No inference case in this run.</p></section>")
         return "".join(out)
-    minimums = (d.get("policy") or {}).get("agreement") or {}
+    minimums = (view.get("policy") or {}).get("agreement") or {}
     agreement = _reasons_by_case(decision, "agreement")
     rows, classes = [], []
-    for c in infer:
-        m = c["metrics"] or {}
-        a = agreement.get(c["case_id"])
-        rows.append([esc(c["case_id"]), _case_status(c),
-                     esc(str(c["variant"])), _n(m.get("output_tokens_per_s")), _n(m.get("token_agreement")),
-                     _n(minimums.get(c["variant"])), _status(a["status"]) if a else "n/a", _n(m.get("topk_overlap")),
-                     _n(m.get("kl_div_mean")), _n(m.get("perplexity_delta")), _n(m.get("latency_s_p90")),
-                     _n(m.get("ttft_s_p90")), _n(m.get("quantized_share")), _n(m.get("weight_bytes_ratio"))])
-        classes.append("bad" if c["status"] != "passed" or (a and a["status"] == "FAIL") else "")
+    for case in infer:
+        metrics = case["metrics"] or {}
+        agreement_reason = agreement.get(case["case_id"])
+        rows.append([esc(case["case_id"]), _case_status(case),
+                     esc(str(case["variant"])), _n(metrics.get("output_tokens_per_s")),
+                     _n(metrics.get("token_agreement")), _n(minimums.get(case["variant"])),
+                     _status(agreement_reason["status"]) if agreement_reason else "n/a",
+                     _n(metrics.get("topk_overlap")), _n(metrics.get("kl_div_mean")),
+                     _n(metrics.get("perplexity_delta")), _n(metrics.get("latency_s_p90")),
+                     _n(metrics.get("ttft_s_p90")), _n(metrics.get("quantized_share")),
+                     _n(metrics.get("weight_bytes_ratio"))])
+        failed_check = bool(agreement_reason and agreement_reason["status"] == "FAIL")
+        classes.append("bad" if case["status"] != "passed" or failed_check else "")
     out.append(_table(["case", "status", "scheme", "output tokens/s", "token agreement", "required", "agreement check",
                        "top-k overlap", "KL", "perplexity Δ", "latency p90 s", "TTFT p90 s", "quantized share",
                        "weight bytes ×"], rows,
                       classes=["", "", "", "num", "num", "num", "", "num", "num", "num", "num", "num", "num", "num"],
                       row_classes=classes))
-    for model in dict.fromkeys(c["model"] for c in infer):
+    for model in dict.fromkeys(case["model"] for case in infer):
         chart_rows = []
-        for c in (c for c in infer if c["model"] == model):
-            m = c["metrics"] or {}
-            lo, hi = _span((c.get("samples") or {}).get("output_tokens_per_s"))
-            chart_rows.append({"scheme": c["variant"], "tokens_per_s": m.get("output_tokens_per_s"), "tps_low": lo,
-                               "tps_high": hi, "token_agreement": m.get("token_agreement"),
-                               "topk_overlap": m.get("topk_overlap"), "min_agreement": minimums.get(c["variant"]),
-                               "status": c["status"]})
+        for case in (case for case in infer if case["model"] == model):
+            metrics = case["metrics"] or {}
+            low, high = _span((case.get("samples") or {}).get("output_tokens_per_s"))
+            chart_rows.append({"scheme": case["variant"], "tokens_per_s": metrics.get("output_tokens_per_s"),
+                               "tps_low": low,
+                               "tps_high": high, "token_agreement": metrics.get("token_agreement"),
+                               "topk_overlap": metrics.get("topk_overlap"),
+                               "min_agreement": minimums.get(case["variant"]),
+                               "status": case["status"]})
         out.append(f"<h3>{esc(str(model))}</h3>")
         out.append(_img(charts.inference_chart(str(model), chart_rows), f"inference chart {model}"))
     out.append("</section>")
     return "".join(out)
 
 
-def _probes(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
+def _probes(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
     gate = {}
     if decision:
-        gate = {(r.get("case_id"), r["check"].split(":", 1)[1]): r for r in decision["reasons"]
-                if r["check"].startswith("probe:")}
+        gate = {(reason.get("case_id"), reason["check"].split(":", 1)[1]): reason for reason in decision["reasons"]
+                if reason["check"].startswith("probe:")}
     rows, classes = [], []
-    for c in d["cases"]:
-        for name, probe in sorted((c.get("probes") or {}).items()):
+    for case in view["cases"]:
+        for name, probe in sorted((case.get("probes") or {}).items()):
             probe = probe if isinstance(probe, dict) else {"status": str(probe)}
-            g = gate.get((c["case_id"], name))
-            rows.append([esc(c["case_id"]), esc(name), esc(str(probe.get("status"))),
-                         _status(g["status"]) if g else "n/a", esc(str(probe.get("detail") or ""))])
-            classes.append("bad" if g and g["status"] == "FAIL" else "")
+            gate_reason = gate.get((case["case_id"], name))
+            rows.append([esc(case["case_id"]), esc(name), esc(str(probe.get("status"))),
+                         _status(gate_reason["status"]) if gate_reason else "n/a", esc(str(probe.get("detail") or ""))])
+            classes.append("bad" if gate_reason and gate_reason["status"] == "FAIL" else "")
     body = (_table(["case", "probe", "result", "gate", "detail"], rows, row_classes=classes) if rows else
             "<p class='note'>No probe ran in this run.</p>")
     return f"<section id='probes'><h2>Probes (the release note's known issues)</h2>{body}</section>"
 
 
-def _waivers(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
+def _waivers(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
     import datetime as dt
 
-    waivers = (d.get("policy") or {}).get("waivers") or []
+    waivers = (view.get("policy") or {}).get("waivers") or []
     used: dict[str, list[str]] = {}
-    for r in (decision or {}).get("reasons", []):
-        w = (r.get("figures") or {}).get("waiver")
-        if w:
-            used.setdefault(w, []).append(f"{r['check']} {r.get('case_id') or ''}".strip())
+    for reason in (decision or {}).get("reasons", []):
+        waiver = (reason.get("figures") or {}).get("waiver")
+        if waiver:
+            used.setdefault(waiver, []).append(f"{reason['check']} {reason.get('case_id') or ''}".strip())
     if not waivers:
         return "<section id='waivers'><h2>Waivers</h2><p class='note'>The policy has no waiver.</p></section>"
     today = dt.date.today()
     rows = []
-    for w in waivers:
-        expires = dt.date.fromisoformat(str(w["expires"]))
+    for waiver in waivers:
+        expires = dt.date.fromisoformat(str(waiver["expires"]))
         state = (f"<span class='PASS'>in force, {(expires - today).days} day(s) left</span>" if expires >= today else
                  f"<span class='FAIL'>expired {(today - expires).days} day(s) ago</span>")
-        rows.append([esc(w["id"]), esc(w["check"]), esc(w["cases"]), esc(str(w["expires"])), state, esc(w["reason"]),
-                     esc("; ".join(used.get(w["id"], [])) or "nothing (no failure to cover)")])
+        rows.append([esc(waiver["id"]), esc(waiver["check"]), esc(waiver["cases"]), esc(str(waiver["expires"])), state,
+                     esc(waiver["reason"]),
+                     esc("; ".join(used.get(waiver["id"], [])) or "nothing (no failure to cover)")])
     return ("<section id='waivers'><h2>Waivers</h2>"
             + _table(["waiver", "check", "cases", "expires", "state today", "reason", "covered in this decision"],
                      rows) + "</section>")
 
 
-def _retries(d: dict[str, Any]) -> str:
-    retried = [c for c in d["cases"] if (c.get("attempts") or 1) > 1]
+def _earlier_runs(view: dict[str, Any]) -> str:
+    rows = view.get("earlier_runs") or []
+    if not rows:
+        return ("<section id='history'><h2>Other runs of this digest and tag</h2><p class='note'>None: this is "
+                "the first run of this digest and of this release tag.</p></section>")
+    body = _table(["run", "release", "digest", "status", "verdict", "started"],
+                  [[str(row["run"]), esc(row["release"]),
+                    "<code>" + esc((row["digest"] or "n/a")[:19]) + "</code>"
+                    + (" (this digest)" if row["same_digest"] else ""),
+                    esc(row["status"]), _status(row["verdict"]) if row["verdict"] else "no decision",
+                    esc(str(row["started_at"])[:19])] for row in rows])
+    return f"<section id='history'><h2>Other runs of this digest and tag</h2>{body}</section>"
+
+
+def _promotions(view: dict[str, Any]) -> str:
+    rows = view.get("promotions") or []
+    if not rows:
+        return ("<section id='promotions'><h2>Promotions</h2><p class='note'>No promotion was made from this "
+                "run.</p></section>")
+    body = _table(["target", "reference", "outcome", "forced", "when", "detail"],
+                  [[esc(row["target_name"]), f"<code>{esc(row['target_ref'])}</code>", esc(row["outcome"]),
+                    "yes: " + esc(row.get("reason") or "") if row.get("forced") else "no",
+                    esc(str(row.get("created_at") or "n/a")[:19]), esc(row.get("detail") or "")] for row in rows])
+    return f"<section id='promotions'><h2>Promotions</h2>{body}</section>"
+
+
+def _retries(view: dict[str, Any]) -> str:
+    retried = [case for case in view["cases"] if (case.get("attempts") or 1) > 1]
     if not retried:
         return ("<section id='retries'><h2>Retries</h2><p class='note'>Every case ran once (no infrastructure "
                 "retry).</p></section>")
-    rows = [[esc(c["case_id"]), str(c["attempts"]), _status(c["status"]), esc(c.get("error_class") or "n/a")]
-            for c in retried]
+    rows = [[esc(case["case_id"]), str(case["attempts"]), _status(case["status"]),
+             esc(case.get("error_class") or "n/a")]
+            for case in retried]
     return ("<section id='retries'><h2>Retries</h2><p>Infrastructure failures are retried; a failed test never "
             "is. A flaky pass is still a pass, shown here.</p>"
             + _table(["case", "attempts", "final status", "error class"], rows) + "</section>")
 
 
-def _cases(d: dict[str, Any]) -> str:
+def _cases(view: dict[str, Any]) -> str:
     rows, classes = [], []
-    for c in d["cases"]:
-        status = c["status"] + (f" ({c['error_class']})" if c["error_class"] else "")
-        cls = "PASS" if c["status"] == "passed" else "FAIL"
-        rows.append([esc(c["case_id"]), f"<span class='{cls}'>{esc(status)}</span>", esc(c["key_metrics"]),
-                     str(c["attempts"]),
-            _n(c["queue_wait_s"]), _n(c["exec_s"]), esc(c.get("node") or "n/a")])
-        classes.append("bad" if c["status"] != "passed" else "")
+    for case in view["cases"]:
+        status = case["status"] + (f" ({case['error_class']})" if case["error_class"] else "")
+        cls = "PASS" if case["status"] == "passed" else "FAIL"
+        rows.append([esc(case["case_id"]), f"<span class='{cls}'>{esc(status)}</span>", esc(case["key_metrics"]),
+                     str(case["attempts"]),
+            _seconds(case["queue_wait_s"]), _seconds(case["exec_s"]), esc(case.get("node") or "n/a")])
+        classes.append("bad" if case["status"] != "passed" else "")
     out = ["<section id='cases'><h2>Cases</h2>",
            _table(["case", "status", "key metrics", "attempts", "queue s", "exec s", "node"], rows,
                   classes=["", "", "", "num", "num", "num", ""], row_classes=classes)]
-    for c in d["cases"]:
-        if c["status"] != "passed":
-            out.append(f"<details><summary>{esc(c['case_id'])}: {esc(c['status'])} — error and log tail</summary>"
-                       f"<pre>{esc(c.get('error') or 'no error message')}</pre>"
-                       f"<pre>{esc((c.get('log_tail') or 'no log')[-4000:])}</pre></details>")
+    for case in view["cases"]:
+        if case["status"] != "passed":
+            out.append(f"<details><summary>{esc(case['case_id'])}: {esc(case['status'])} — error and log tail</summary>"
+                       f"<pre>{esc(case.get('error') or 'no error message')}</pre>"
+                       f"<pre>{esc((case.get('log_tail') or 'no log')[-4000:])}</pre></details>")
     out.append("</section>")
     return "".join(out)
 
@@ -437,12 +512,12 @@ def _flat(env: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _environment(d: dict[str, Any]) -> str:
-    flats = {c["case_id"]: _flat(c.get("environment") or {}) for c in d["cases"]}
-    keys = sorted({k for f in flats.values() for k in f})
+def _environment(view: dict[str, Any]) -> str:
+    flats = {case["case_id"]: _flat(case.get("environment") or {}) for case in view["cases"]}
+    keys = sorted({key for flat in flats.values() for key in flat})
     common, varying = [], []
     for key in keys:
-        values = {f.get(key, "n/a") for f in flats.values()}
+        values = {flat.get(key, "n/a") for flat in flats.values()}
         (common if len(values) == 1 else varying).append(key)
     out = ["<section id='environment'><h2>Environment</h2>",
            "<p class='note'>As the workloads reported it from inside the candidate image.</p>"]
@@ -451,11 +526,12 @@ def _environment(d: dict[str, Any]) -> str:
     if common:
         any_flat = next(iter(flats.values()))
         out.append("<h3>The same for every case</h3>")
-        out.append(_table(["name", "value"], [[esc(k), esc(any_flat.get(k, "n/a"))] for k in common]))
+        out.append(_table(["name", "value"], [[esc(key), esc(any_flat.get(key, "n/a"))] for key in common]))
     if varying:
         out.append(f"<details><summary>{len(varying)} values that differ between cases</summary>")
         out.append(_table(["case", *varying],
-                          [[esc(cid), *[esc(f.get(k, "n/a")) for k in varying]] for cid, f in flats.items()]))
+                          [[esc(case_id), *[esc(flat.get(key, "n/a")) for key in varying]]
+                           for case_id, flat in flats.items()]))
         out.append("</details>")
     out.append("</section>")
     return "".join(out)
@@ -470,9 +546,11 @@ def render(view: dict[str, Any]) -> str:
         f"<title>{esc(verdict)}: {esc(view['release'])} run {view['run']} — qualify report</title>",
         f"<style>{CSS}</style></head><body>",
         _banner(view, decision),
-        "<main><nav>" + "".join(f"<a href='#{a}'>{esc(t)}</a>" for a, t in NAV) + "</nav>",
+        "<main><nav>" + "".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in NAV) + "</nav>",
         _gate(decision),
         _run_facts(view, decision),
+        _earlier_runs(view),
+        _promotions(view),
         _components(view),
         _training(view, decision),
         _baseline(view),

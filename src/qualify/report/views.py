@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from qualify.numbers import fmt_number
 from qualify.store import repo
 from qualify.store.models import CaseResult, Run
+from qualify.timestamps import iso
 
 KEY_METRICS = {
     "train": ("tokens_per_s", "tflops_per_device", "mfu", "step_time_s_median"),
@@ -34,8 +35,8 @@ def run_summary(session: Session, run: Run) -> dict[str, Any]:
         "cases_total": len(results),
         "cases_passed": sum(r.status == "passed" for r in results),
         "digest": run.candidate_digest,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
     }
 
 
@@ -84,13 +85,13 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         ],
         "decisions": [
             {"id": d.id, "verdict": d.verdict, "reasons": d.reasons, "policy_sha256": d.policy_sha256,
-             "baseline_run_id": d.baseline_run_id, "decided_at": d.decided_at}
+             "baseline_run_id": d.baseline_run_id, "decided_at": iso(d.decided_at)}
             for d in repo.decisions(session, run.id)
         ],
         "promotions": [
             {"target_name": p.target_name, "target_ref": p.target_ref, "source_digest": p.source_digest,
              "outcome": p.outcome, "forced": p.forced, "reason": p.reason, "detail": p.detail,
-             "created_at": p.created_at}
+             "created_at": iso(p.created_at)}
             for p in repo.promotions(session, run.id)
         ],
     })
@@ -123,19 +124,16 @@ def results_table(detail: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def summary_markdown(detail: dict[str, Any], report_path: str) -> str:
+def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
     """The verdict, then what failed or is incomplete (first, where the eye lands), what was waived, the
-    components that differ, where the HTML report is, and only then the checks that passed."""
-    from pathlib import Path
-
+    components that differ, the link to the HTML report (qualify.report.links), and only then the checks that
+    passed."""
     decision = detail["decisions"][-1] if detail["decisions"] else None
     verdict = decision["verdict"] if decision else "no decision"
     lines = [f"# {detail['release']} run {detail['run']}: **{verdict}**", "",
              f"candidate `{detail['digest'] or 'n/a'}`, {len(detail['cases'])} cases, "
              f"{sum(c['status'] == 'passed' for c in detail['cases'])} passed", ""]
-    report = Path(report_path)
-    uri = (report if report.is_absolute() else report.resolve()).as_uri()
-    lines += [f"HTML report (tables and charts): [{report.name}]({uri}) at `{report_path}`", ""]
+    lines += [f"HTML report (tables and charts): [{report_link}]({report_link})", ""]
 
     def table(reasons: list[dict[str, Any]]) -> list[str]:
         return (["| status | check | reason |", "|---|---|---|"]
@@ -195,11 +193,15 @@ def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     run = repo.get_run(session, run_id)
     assert run is not None
     detail["policy"] = policy_view(run)
+    detail["earlier_runs"] = earlier_runs(session, run)
     decision = detail["decisions"][-1] if detail["decisions"] else None
     detail["baseline"] = None
     detail["baseline_note"] = None
     base_id = decision["baseline_run_id"] if decision else None
     base_run = repo.get_run(session, base_id) if base_id else None
+    detail["baseline_components"] = ({"run": base_run.id, "release": f"{base_run.release.name}:{base_run.release.tag}",
+                                      "actual": {c.name: c.actual for c in repo.component_checks(session, base_run.id)}}
+                                     if base_run is not None else None)
     if detail["policy"].get("regression", {}).get("baseline") == "paired":
         # The baseline was measured beside the candidate: the gate's pair-by-pair figures are the comparison.
         detail["paired"] = [{"case_id": r.get("case_id"), "status": r["status"], "message": r["message"],
@@ -222,6 +224,25 @@ def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     else:
         detail["baseline_note"] = "the run has no gate decision yet"
     return detail
+
+
+def earlier_runs(session: Session, run: Run, limit: int = 10) -> list[dict[str, Any]]:
+    """The other runs (earlier or later) of the same candidate digest or release tag, newest first, with verdicts:
+    what a release manager asks first (was this image judged before, and how?)."""
+    seen: dict[int, Run] = {}
+    if run.candidate_digest:
+        seen.update({r.id: r for r in repo.find_runs(session, digest=run.candidate_digest, limit=limit + 1)})
+    seen.update({r.id: r for r in repo.find_runs(session, release=run.release.name, tag=run.release.tag,
+                                                 limit=limit + 1)})
+    others = sorted((r for r in seen.values() if r.id != run.id), key=lambda r: r.id, reverse=True)[:limit]
+    rows = []
+    for other in others:
+        decision = repo.latest_decision(session, other.id)
+        rows.append({"run": other.id, "release": f"{other.release.name}:{other.release.tag}",
+                     "digest": other.candidate_digest, "same_digest": other.candidate_digest == run.candidate_digest,
+                     "status": other.status, "verdict": decision.verdict if decision else None,
+                     "started_at": iso(other.started_at)})
+    return rows
 
 
 def reasons_by_status(reasons: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -2,12 +2,15 @@
 
 * ``GET /v1/gate?ref=IMAGE_REF`` -- may this reference be pushed? The rules of `qualify gate check`
   (qualify.gate.push_check.check_push: the digest's latest decision by id, the repository it was qualified
-  for, a tag resolved in the registry must point to that digest). 200 with the verdict and the reasons when
-  the digest was ever judged (``ok`` says whether it may be pushed), 404 when it never was.
-* ``GET /v1/runs``, ``GET /v1/runs/{id}`` -- the runs, as `qualify runs list|show --json` print them.
+  for, a tag resolved in the registry must point to that digest), answered by status code alone
+  (qualify.service.gate_answers): 200 only when it may be pushed, 403 when judged but refused, 404 when never
+  judged; each answer carries the verdict and the reasons. Every error is RFC 9457 problem details
+  (qualify.service.problems).
+* ``GET /v1/runs``, ``GET /v1/runs/{id}`` -- the runs, as `qualify runs list|show --json` print them;
+  ``GET /v1/runs/{id}/report`` its HTML report (qualify.service.runs).
 * ``GET /healthz`` -- the database answers.
 * ``POST /v1/registry/events`` -- the registry's notifications (qualify.service.webhook).
-* ``GET /openapi.json`` (and ``/docs``).
+* ``GET /openapi.json`` (and ``/docs``, ``/redoc``, served offline).
 
 Every write needs the bearer token (Settings.service_token, QUALIFY_SERVICE_TOKEN); without it, or with
 another, 401. Reads are open when the service listens on loopback, else they need the token too.
@@ -24,20 +27,22 @@ from contextlib import asynccontextmanager
 from typing import Any, Callable, Optional
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 
-from qualify.errors import BadInput
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.registry import ImageNotFound, RegistryError
-from qualify.report.views import run_detail, run_summary
+from qualify.service import problems, schemas
+from qualify.service.gate_answers import gate_answer
+from qualify.service.problems import problem
+from qualify.service.runs import runs_router
 from qualify.service.webhook import EnforcingClient, MalformedEvents, Webhook
 from qualify.settings import Settings
-from qualify.store import repo
 from qualify.store.models import GateDecision, Run
 
 LOG = logging.getLogger("qualify.service")
@@ -92,7 +97,7 @@ class TokenGuard:
             if (write or self.reads_need_token) and not self._authorised(scope):
                 why = ("a bearer token is required" if self.token else
                        "this service has no token configured (QUALIFY_SERVICE_TOKEN): it accepts no writes")
-                response = _json({"detail": why}, 401, {"WWW-Authenticate": 'Bearer realm="qualify"'})
+                response = problem(401, why, scope.get("path"), {"WWW-Authenticate": 'Bearer realm="qualify"'})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -122,25 +127,39 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         yield
 
-    app = FastAPI(title="qualify gating service", version="1", lifespan=lifespan,
-                  description="Is this image qualified? The release-qualification results database over HTTP.")
+    # /docs and /redoc from the assets shipped in fastapi-offline's wheel (FastAPI's own pages load a CDN).
+    app = FastAPIOffline(title="qualify gating service", version="1", lifespan=lifespan,
+                         description="Is this image qualified? The release-qualification results database "
+                                     "over HTTP.")
 
     app.add_middleware(TokenGuard, token=token, reads_need_token=reads_need_token)
+    problems.install(app)  # every error answers as RFC 9457 problem details
+    schemas.document_errors(app)
 
-    @app.get("/healthz", summary="the service and its database answer")
+    @app.get("/healthz", summary="the service and its database answer",
+             responses={**schemas.ok(schemas.Health, "the service and its database answer"),
+                        503: {"description": "the database does not answer"}})
     def healthz() -> Response:
         try:
             with sessions() as session:
                 session.execute(text("SELECT 1"))
         except SQLAlchemyError as exc:
-            return _json({"status": "unavailable", "database": type(exc).__name__}, 503)
+            return problem(503, f"the database does not answer ({type(exc).__name__})", "/healthz",
+                           database=type(exc).__name__)
         return _json({"status": "ok", "database": "ok", "protect": [f"{r}:{t}" for r, t in settings.protect],
                       "enforce": settings.enforce})
 
     @app.get("/v1/gate", summary="may this image reference be pushed? (the rules of `qualify gate check`)",
-             responses={200: {"description": "the digest's latest decision; `ok` says whether the reference may "
-                                             "be pushed"},
-                        404: {"description": "the digest was never judged"}})
+             description="Usable by status code alone: **200 only when the reference may be pushed** (its "
+                         "digest's latest decision is PASS, for this repository, and its tag points to it), so "
+                         "`curl -fsS \"$QUALIFY/v1/gate?ref=$IMAGE\" && push` is safe. 403: judged, but FAIL, "
+                         "INCOMPLETE or not for this reference (the body says why, with the gate's fields); 404: "
+                         "never judged, or the tag is not in the registry.",
+             responses={**schemas.ok(schemas.GateAnswer, "the reference may be pushed (`ok` is true)"),
+                        400: {"description": "not an image reference"},
+                        403: {"description": "judged, but it may not be pushed: a problem with the gate's fields"},
+                        404: {"description": "the digest was never judged, or the tag is not in the registry"},
+                        503: {"description": "the registry or the database cannot answer"}})
     def gate(ref: str = Query(..., description="registry/repository[:tag][@digest]"),
              release: Optional[str] = Query(None, description="also require the decision to be about this release"),
              policy: Optional[str] = Query(None, description="also require this gate policy hash (a prefix)")
@@ -156,7 +175,7 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
             try:
                 tag_digest = resolve_tag(image)
             except ImageNotFound as exc:
-                return _json({"reference": ref, "ok": False, "verdict": None, "detail": str(exc)}, 404)
+                return problem(404, str(exc), "/v1/gate", reference=ref, ok=False, verdict=None)
             except RegistryError as exc:
                 raise HTTPException(503, f"the registry cannot answer: {exc}") from None
         digest = image.digest or tag_digest
@@ -165,7 +184,8 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         with engine.connect() as conn:
             latest = conn.execute(LATEST_DECISION, {"digest": digest}).scalar()
         answer = answers.get(key, latest) or full_check(key, image, digest, tag_digest, release, policy)
-        return Response(answer[1], status_code=answer[0], media_type="application/json")
+        return Response(answer[1], status_code=answer[0],
+                        media_type="application/json" if answer[0] == 200 else problems.MEDIA_TYPE)
 
     def resolve_tag(image: ImageRef) -> str:
         with make_client() as client:
@@ -181,30 +201,15 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
                 .order_by(GateDecision.id.desc()).limit(1).scalar_subquery())).unique().all()
             result = check_push(session, image, digest, tag_digest=tag_digest, release_name=release,
                                 policy_sha256=policy)
-        body = result.to_dict()
-        status = 200
-        if result.verdict is None:
-            body["detail"] = f"{digest} has never been judged by the gate"
-            status = 404
+        body = gate_answer(result, digest)
+        status = body.get("status", 200)
         answer = (status, json.dumps(body, default=str, separators=(",", ":")).encode())
         answers.put(key, result.decision, answer)
         return answer
 
-    @app.get("/v1/runs", summary="the newest runs")
-    def runs(limit: int = Query(20, ge=1, le=500)) -> Response:
-        with sessions() as session:
-            return _json([run_summary(session, run) for run in repo.list_runs(session, limit)])
-
-    @app.get("/v1/runs/{run_id}", summary="one run: stages, components, case results, decisions, promotions")
-    def run(run_id: int) -> Response:
-        with sessions() as session:
-            detail = run_detail(session, run_id)
-        if detail is None:
-            raise HTTPException(404, f"no run {run_id}")
-        return _json(detail)
-
     @app.post("/v1/registry/events", summary="the registry's notifications (bearer token required)",
-              responses={400: {"description": "malformed envelope: nothing recorded"},
+              responses={**schemas.ok(schemas.EventsAnswer, "the events were recorded (and acted on)"),
+                         400: {"description": "malformed envelope: nothing recorded"},
                          401: {"description": "no or wrong bearer token"}})
     async def registry_events(request: Request) -> Response:
         raw = await request.body()
@@ -223,13 +228,5 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
             raise HTTPException(503, "the database cannot record the events now") from None
         return _json({"events": [r.to_dict() for r in results]})
 
-    @app.exception_handler(BadInput)
-    async def bad_input(_request: Request, exc: BadInput) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, 400)
-
-    @app.exception_handler(SQLAlchemyError)
-    async def database_down(_request: Request, exc: SQLAlchemyError) -> JSONResponse:
-        LOG.error("database error: %s", type(exc).__name__)
-        return JSONResponse({"detail": f"database: {type(exc).__name__}"}, 503)
-
+    app.include_router(runs_router(settings, sessions))  # /v1/runs, /v1/runs/{id}, /v1/runs/{id}/report
     return app

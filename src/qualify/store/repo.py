@@ -135,6 +135,26 @@ def list_runs(session: Session, limit: int = 50) -> Sequence[Run]:
     return session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
 
 
+def find_runs(session: Session, *, release: str | None = None, tag: str | None = None, digest: str | None = None,
+              verdict: str | None = None, limit: int = 50, offset: int = 0) -> Sequence[Run]:
+    """Runs newest first, filtered by release name (and tag), candidate digest and the verdict of their latest
+    decision (runs without a decision have none); `offset` pages."""
+    query = select(Run).order_by(Run.id.desc())
+    if release is not None or tag is not None:
+        query = query.join(Release, Run.release_id == Release.id)
+        if release is not None:
+            query = query.where(Release.name == release)
+        if tag is not None:
+            query = query.where(Release.tag == tag)
+    if digest is not None:
+        query = query.where(Run.candidate_digest == digest)
+    if verdict is not None:
+        latest = (select(GateDecision.verdict).where(GateDecision.run_id == Run.id)
+                  .order_by(GateDecision.id.desc()).limit(1).scalar_subquery())
+        query = query.where(latest == verdict)
+    return session.scalars(query.limit(limit).offset(offset)).all()
+
+
 # --------------------------------------------------------------------------- component checks
 
 
