@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -29,6 +30,7 @@ ENVIRONMENT = {
     "QUALIFY_PROTECT": "protect",
     "QUALIFY_ENFORCE": "enforce",
     "QUALIFY_INSECURE_REGISTRIES": "insecure_registries",
+    "QUALIFY_WEBHOOK_REGISTRY": "webhook_registry",
 }
 ENFORCE_MODES = ("off", "revert", "delete")
 CREDENTIAL_ENVIRONMENT = ("QUALIFY_REGISTRY_USERNAME", "QUALIFY_REGISTRY_PASSWORD", "QUALIFY_REGISTRY_HOST")
@@ -53,6 +55,9 @@ class Settings:
     enforce: str = "off"
     # Registries reached over plain HTTP (host:port), as --insecure-registry.
     insecure_registries: tuple[str, ...] = ()
+    # The registry (host:port) whose notifications the webhook receives: its token is bound to it, every push
+    # is judged and enforced there, whatever host an event names (that is the pusher's Host header).
+    webhook_registry: str | None = None
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
@@ -93,6 +98,8 @@ def _coerce(name: str, value: object) -> object:
 
             raise BadInput(f"QUALIFY_ENFORCE / --enforce {value!r}: one of {', '.join(ENFORCE_MODES)}")
         return mode
+    if name == "webhook_registry":
+        return parse_registry(value)
     if name == "insecure_registries":
         items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
         return tuple(h.strip() for h in items if h and h.strip())
@@ -116,6 +123,21 @@ def parse_protect(value: object) -> tuple[tuple[str, str], ...]:
             raise BadInput(f"protected pattern {item!r}: write REPOSITORY-GLOB[:TAG-GLOB], e.g. 'team/*:25.*'")
         out.append((repo, tag))
     return tuple(out)
+
+
+_REGISTRY = re.compile(r"^(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*|\[[0-9a-f:.]+\])"
+                       r"(?::[0-9]{1,5})?$")
+
+
+def parse_registry(value: object) -> str:
+    """A registry as image references name it: host[:port], lower-cased (hosts are case-insensitive)."""
+    from qualify.errors import BadInput
+
+    text = str(value).strip().lower().rstrip("/")
+    if not _REGISTRY.match(text):
+        raise BadInput(f"QUALIFY_WEBHOOK_REGISTRY / --registry {value!r}: write the registry as HOST[:PORT], "
+                       "e.g. 127.0.0.1:5000")
+    return text
 
 
 def redact_url(url: str) -> str:

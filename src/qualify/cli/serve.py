@@ -27,6 +27,10 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="listen address (
                                                 help="on an unqualified push to a protected tag: record it (off), "
                                                      "re-point the tag to the previous qualified digest (revert), "
                                                      "or delete the manifest (delete); default QUALIFY_ENFORCE or off"),
+          registry: Optional[str] = typer.Option(
+              None, "--registry", metavar="HOST:PORT",
+              help="the registry whose notifications the webhook receives (default QUALIFY_WEBHOOK_REGISTRY): "
+                   "pushes are judged and enforced there only, whatever host an event names"),
           access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="uvicorn's access log")) -> None:
     """Serve the gate over HTTP: GET /v1/gate?ref=IMAGE_REF, /v1/runs, /v1/runs/{id}, /healthz, /openapi.json;
     POST /v1/registry/events for the registry's notifications (bearer token)."""
@@ -35,7 +39,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="listen address (
     from qualify.service import create_app
 
     settings = Settings.load(database_url=db, protect=protect or None, enforce=enforce,
-                             insecure_registries=insecure_registry or None)
+                             insecure_registries=insecure_registry or None, webhook_registry=registry)
     loopback = host == "localhost" or is_loopback(host)
     if not loopback and not settings.service_token:
         raise BadInput(f"--host {host} is not loopback: set QUALIFY_SERVICE_TOKEN (every request will need it)")
@@ -45,11 +49,15 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="listen address (
     if settings.enforce != "off" and not settings.protect:
         raise BadInput(f"--enforce {settings.enforce} without protected patterns would enforce nothing: "
                        "add --protect REPO-GLOB:TAG-GLOB (or QUALIFY_PROTECT)")
+    if settings.protect and not settings.webhook_registry:
+        raise BadInput("protected tags need the registry the webhook is bound to: --registry HOST:PORT (or "
+                       "QUALIFY_WEBHOOK_REGISTRY); an event's own host is the pusher's Host header, never trusted")
     sessions = open_db(db, migrate=False)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("qualify.service").setLevel(logging.INFO)
     app = create_app(settings, sessions, reads_need_token=not loopback)
     say(f"qualify gating service on http://{host}:{port} (database {redact_url(settings.database_url)}; "
+        f"webhook bound to {settings.webhook_registry or 'no registry'}; "
         f"protected: {', '.join(f'{r}:{t}' for r, t in settings.protect) or 'none'}; enforce: {settings.enforce}; "
         f"reads {'need the token' if not loopback else 'open on loopback'})")
     if not settings.service_token:

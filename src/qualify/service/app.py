@@ -107,10 +107,12 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
                client_factory: Callable[[], EnforcingClient] | None = None, threads: int = 8) -> FastAPI:
     """The service over `sessions`; `reads_need_token` when it listens beyond loopback; `threads` for the
     blocking work (database, registry)."""
+    if settings.protect and not settings.webhook_registry:
+        raise BadInput("protected tags need the registry the webhook is bound to (Settings.webhook_registry)")
     token = (settings.service_token or "").encode()
     insecure = tuple(settings.insecure_registries)
     make_client = client_factory or (lambda: EnforcingClient(insecure))
-    webhook = Webhook(sessions, settings.protect, settings.enforce, make_client)
+    webhook = Webhook(sessions, settings.protect, settings.enforce, make_client, settings.webhook_registry or "")
     answers = AnswerCache()
     engine = sessions.kw["bind"]
     @asynccontextmanager
@@ -221,7 +223,10 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         except SQLAlchemyError as exc:  # nothing committed: the registry delivers the envelope again
             LOG.error("registry events not recorded (database: %s): the registry will retry", type(exc).__name__)
             raise HTTPException(503, "the database cannot record the events now") from None
-        return _json({"events": [r.to_dict() for r in results]})
+        # A failed enforcement answers 503: Distribution redelivers the envelope, and the failed event is tried
+        # again (the others are answered from their rows).
+        failed = any(r.outcome == "failed" for r in results)
+        return _json({"events": [r.to_dict() for r in results]}, 503 if failed else 200)
 
     @app.exception_handler(BadInput)
     async def bad_input(_request: Request, exc: BadInput) -> JSONResponse:
