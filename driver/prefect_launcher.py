@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from qualify.errors import InfraError
+from qualify.lifetime import bind_children_to_this_process
 from qualify.launch import ProgressCallback, RunRequest
 from qualify.outcomes import RunOutcome
 from qualify.settings import Settings
@@ -28,6 +29,7 @@ def prepare_environment(settings: Settings, verbose: bool) -> None:
 
 
 def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallback) -> RunOutcome:
+    bind_children_to_this_process()  # Prefect's API server, Ray, the workloads: dead with this process
     prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
     from prefect.task_runners import ThreadPoolTaskRunner
 
