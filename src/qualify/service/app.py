@@ -15,11 +15,13 @@ another, 401. Reads are open when the service listens on loopback, else they nee
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, Callable, Optional
 
@@ -35,6 +37,8 @@ from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.registry import ImageNotFound, RegistryError
 from qualify.report.views import run_detail, run_summary
+from qualify.service.limits import parse_json, read_capped
+from qualify.service.registry_calls import RegistryCalls
 from qualify.service.webhook import EnforcingClient, MalformedEvents, Webhook
 from qualify.settings import Settings
 from qualify.store import repo
@@ -106,12 +110,15 @@ class TokenGuard:
 def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_need_token: bool = False,
                client_factory: Callable[[], EnforcingClient] | None = None, threads: int = 8) -> FastAPI:
     """The service over `sessions`; `reads_need_token` when it listens beyond loopback; `threads` for the
-    blocking work (database, registry)."""
+    database work. Registry calls have their own pool (RegistryCalls), and so does the webhook, which waits on
+    registries while it enforces: a hung registry never holds a thread a database read needs."""
     if settings.protect and not settings.webhook_registry:
         raise BadInput("protected tags need the registry the webhook is bound to (Settings.webhook_registry)")
     token = (settings.service_token or "").encode()
     insecure = tuple(settings.insecure_registries)
-    make_client = client_factory or (lambda: EnforcingClient(insecure))
+    registry_calls = RegistryCalls()
+    make_client = client_factory or (lambda: EnforcingClient(insecure, timeout=registry_calls.timeout_s))
+    webhook_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="webhook")
     webhook = Webhook(sessions, settings.protect, settings.enforce, make_client, settings.webhook_registry or "")
     answers = AnswerCache()
     engine = sessions.kw["bind"]
@@ -123,6 +130,8 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         yield
+        registry_calls.shutdown()
+        webhook_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="qualify gating service", version="1", lifespan=lifespan,
                   description="Is this image qualified? The release-qualification results database over HTTP.")
@@ -143,12 +152,13 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
              responses={200: {"description": "the digest's latest decision; `ok` says whether the reference may "
                                              "be pushed"},
                         404: {"description": "the digest was never judged"}})
-    def gate(ref: str = Query(..., description="registry/repository[:tag][@digest]"),
+    async def gate(ref: str = Query(..., description="registry/repository[:tag][@digest]"),
              release: Optional[str] = Query(None, description="also require the decision to be about this release"),
              policy: Optional[str] = Query(None, description="also require this gate policy hash (a prefix)")
              ) -> Response:
-        # Run in the thread pool (database and registry waits overlap). A repeated question costs one indexed
-        # query: the digest's newest decision id, against which the cached answer is still valid or not.
+        # The tag (if any) is resolved on the registry pool, the database is read on the database pool. A
+        # repeated question costs one indexed query: the digest's newest decision id, against which the cached
+        # answer is still valid or not.
         try:
             image = parse_reference(ref)
         except InvalidReference as exc:
@@ -156,7 +166,7 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         tag_digest = None
         if image.tag:
             try:
-                tag_digest = resolve_tag(image)
+                tag_digest = await registry_calls.run(lambda: resolve_tag(image), f"resolve {image}")
             except ImageNotFound as exc:
                 return _json({"reference": ref, "ok": False, "verdict": None, "detail": str(exc)}, 404)
             except RegistryError as exc:
@@ -164,10 +174,14 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         digest = image.digest or tag_digest
         assert digest is not None
         key = (str(image), digest, tag_digest, release, policy)
+        answer = await run_in_threadpool(answer_for, key, image, digest, tag_digest, release, policy)
+        return Response(answer[1], status_code=answer[0], media_type="application/json")
+
+    def answer_for(key: tuple[Any, ...], image: ImageRef, digest: str, tag_digest: str | None,
+                   release: str | None, policy: str | None) -> tuple[int, bytes]:
         with engine.connect() as conn:
             latest = conn.execute(LATEST_DECISION, {"digest": digest}).scalar()
-        answer = answers.get(key, latest) or full_check(key, image, digest, tag_digest, release, policy)
-        return Response(answer[1], status_code=answer[0], media_type="application/json")
+        return answers.get(key, latest) or full_check(key, image, digest, tag_digest, release, policy)
 
     def resolve_tag(image: ImageRef) -> str:
         with make_client() as client:
@@ -209,15 +223,9 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
               responses={400: {"description": "malformed envelope: nothing recorded"},
                          401: {"description": "no or wrong bearer token"}})
     async def registry_events(request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise HTTPException(413, f"the envelope is larger than {MAX_BODY} bytes")
+        body = parse_json(await read_capped(request, MAX_BODY))  # 413 past the cap, 400 too deep
         try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise HTTPException(400, f"the body is not JSON: {exc}") from None
-        try:
-            results = await run_in_threadpool(webhook.handle, body)
+            results = await asyncio.get_running_loop().run_in_executor(webhook_pool, webhook.handle, body)
         except MalformedEvents as exc:
             raise HTTPException(400, str(exc)) from None
         except SQLAlchemyError as exc:  # nothing committed: the registry delivers the envelope again
