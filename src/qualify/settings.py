@@ -79,10 +79,6 @@ class Settings:
                 settings, database_url=f"sqlite:///{(settings.data_dir / 'qualify.db').resolve()}")
         return settings
 
-    @property
-    def reports_dir(self) -> Path:
-        return self.data_dir / "reports"
-
 
 def _coerce(name: str, value: object) -> object:
     if name in ("data_dir", "cache_dir", "ray_temp_dir"):
