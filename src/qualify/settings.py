@@ -94,11 +94,14 @@ def _coerce(name: str, value: object) -> object:
 
             raise BadInput(f"QUALIFY_ENFORCE / --enforce {value!r}: one of {', '.join(ENFORCE_MODES)}")
         return mode
+    if name == "database_url":
+        return check_database_url(str(value))
     if name == "webhook_registry":
         return parse_registry(value)
     if name == "insecure_registries":
-        items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
-        return tuple(h.strip() for h in items if h and h.strip())
+        # comma-separated in the environment and in each --insecure-registry value alike
+        items = [value] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+        return tuple(h.strip() for item in items for h in str(item).split(",") if h.strip())
     return value
 
 
@@ -115,6 +118,9 @@ def parse_protect(value: object) -> tuple[tuple[str, str], ...]:
         slash = item.rfind("/")
         colon = item.rfind(":")
         repo, tag = (item[:colon], item[colon + 1:]) if colon > slash else (item, "*")
+        if slash < 0 and tag.isdigit() and (repo == "localhost" or "." in repo or repo.startswith("[")):
+            raise BadInput(f"protected pattern {item!r} reads as repository {repo!r} with tag {tag!r}; for every "
+                           f"repository of the registry {item} write '{item}/*' (or '{item}/*:TAG-GLOB')")
         if not repo or not tag:
             raise BadInput(f"protected pattern {item!r}: write REPOSITORY-GLOB[:TAG-GLOB], e.g. 'team/*:25.*'")
         out.append((repo, tag))
@@ -136,11 +142,31 @@ def parse_registry(value: object) -> str:
     return text
 
 
-def redact_url(url: str) -> str:
-    """A database URL without its password, for messages and logs."""
-    from sqlalchemy.engine import make_url
+_SECRET_QUERY = re.compile(r"(?i)([?&;](?:password|passwd|pwd|pass|sslpassword|secret|token)=)[^&;#]*")
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a malformed URL is shown without anything after '@'
-        return url.split("@")[-1]
+
+def check_database_url(url: str) -> str:
+    """Refuse a URL whose password holds an unencoded '@': the driver would read part of the password as the
+    host, and print it in its connection error."""
+    from qualify.errors import BadInput
+
+    _scheme, sep, rest = url.partition("://")
+    authority = rest.split("?", 1)[0]
+    at = authority.rfind("@")
+    if sep and at >= 0 and "@" in authority[:at]:
+        raise BadInput(f"the database URL {redact_url(url)}: its user or password holds an unencoded '@': "
+                       "percent-encode it as %40")
+    return url
+
+
+def redact_url(url: str) -> str:
+    """A database URL without its password, for messages and logs: the userinfo's password (everything between
+    the first ':' of the userinfo and the LAST '@', so an unencoded '@' in it stays hidden) and every
+    password-like query parameter (`?password=`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _SECRET_QUERY.sub(r"\1***", url) if "@" not in url else "<a database URL>"
+    at = rest.rfind("@")
+    if at >= 0 and ":" in rest[:at]:
+        rest = f"{rest[:at].split(':', 1)[0]}:***@{rest[at + 1:]}"
+    return scheme + "://" + _SECRET_QUERY.sub(r"\1***", rest)

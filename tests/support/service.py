@@ -58,7 +58,8 @@ class Service:
                 "headers": {"Authorization": [f"Bearer {self.token}"]}, "timeout": "3s", "threshold": 3,
                 "backoff": "1s", "ignoredmediatypes": ["application/octet-stream"]}
 
-    def start(self, timeout: float = 60.0) -> "Service":
+    def start(self, timeout: float = 60.0, url: str | None = None) -> "Service":
+        """Start it and wait for /healthz at `url` (default: self.url)."""
         self.root.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "QUALIFY_SERVICE_TOKEN": self.token, "QUALIFY_DATA_DIR": str(self.root / "data"),
                **self.env}
@@ -71,7 +72,7 @@ class Service:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"qualify serve exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2, trust_env=False).status_code == 200:
+                if httpx.get(f"{url or self.url}/healthz", timeout=2, trust_env=False).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -6,6 +6,7 @@ loopback needs the token, and then every read needs it too.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import Optional
 
@@ -13,8 +14,18 @@ import typer
 
 from qualify.cli.common import DbOption, InsecureOption, open_db, say, warn
 from qualify.errors import BadInput
-from qualify.registry import is_loopback
 from qualify.settings import ENFORCE_MODES, Settings, redact_url
+
+
+def is_loopback_host(host: str) -> bool:
+    """A listen address (no port: '::1' is IPv6 loopback, not host ':' port 1)."""
+    bare = host.strip().strip("[]")
+    if bare.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
 
 
 def serve(host: str = typer.Option("127.0.0.1", "--host", help="listen address (loopback unless asked otherwise)"),
@@ -41,7 +52,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="listen address (
 
     settings = Settings.load(database_url=db, protect=protect or None, enforce=enforce,
                              insecure_registries=insecure_registry or None, webhook_registry=registry)
-    loopback = host == "localhost" or is_loopback(host)
+    loopback = is_loopback_host(host)
     if not loopback and not settings.service_token:
         raise BadInput(f"--host {host} is not loopback: set QUALIFY_SERVICE_TOKEN (every request will need it)")
     if (settings.protect or settings.enforce != "off") and not settings.service_token:
