@@ -109,3 +109,28 @@ def test_a_malformed_event_is_recorded_and_skipped_by_the_real_service(db_url: s
     assert all("malformed event" in r["detail"] for r in rows[:4])
     # the unknown media type is judged like any other push (never judged: recorded), under the bound registry
     assert rows[-1]["repository"] == "127.0.0.1:9/team/app" and len(rows[-1]["pushed_by"]) <= 128
+
+
+@pytest.mark.parametrize("media_type", ["application/vnd.docker.distribution.manifest.v1+prettyjws",
+                                        "application/vnd.oci.artifact.manifest.v1+json", "application/json"])
+def test_a_tagged_push_of_any_media_type_is_judged(media_type: str, registry_factory, make_image,
+                                                   service_factory, tmp_path) -> None:
+    """A schema1, OCI artifact or plain JSON manifest on a protected tag is judged by its digest like any other
+    (the old webhook skipped media types it did not know)."""
+    from qualify.store.engine import upgrade
+
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    upgrade(db)
+    token = "reg-" + uuid.uuid4().hex
+    registry = registry_factory()
+    service = service_factory(db, token, ["--registry", registry.host, "--insecure-registry", registry.host,
+                                          "--protect", "team/*:stable", "--enforce", "delete"])
+    digest = make_image(registry, "team/odd", "stable")
+    event = {"id": uuid.uuid4().hex, "action": "push", "request": {"host": registry.host, "method": "PUT"},
+             "target": {"mediaType": media_type, "repository": "team/odd", "tag": "stable", "digest": digest,
+                        "size": 500, "url": f"{registry.url}/v2/team/odd/manifests/{digest}"}}
+    answer = httpx.post(f"{service.url}/v1/registry/events", json={"events": [event]}, trust_env=False,
+                        timeout=60, headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200 and answer.json()["events"][0]["outcome"] == "deleted", answer.text
+    assert skopeo_digest(registry.ref("team/odd", "stable")) is None
+    assert _events(db)[0]["outcome"] == "deleted"
