@@ -18,6 +18,7 @@ import pytest
 from support.gate import good_doc, manifest_text, seed_run
 from support.net import free_port
 from support.paths import REPO
+from support.cli import run_cli
 from support.registry import skopeo, skopeo_digest
 from support.service import wait_for
 
@@ -118,6 +119,12 @@ def test_registry_pushes_to_protected_tags_are_gated(tmp_path: Path, registry_fa
         assert bad_body.status_code == 400
         gate = httpx.get(f"{api}/v1/gate", params={"ref": registry.ref(path, "stable")}, trust_env=False)
         assert gate.status_code == 200 and gate.json()["ok"] and gate.json()["digest"] == good
+        # the tag form says which digest it judged (the one the tag points to now); the digest form needs no note
+        assert good in gate.json()["judged"] and "before a push" in gate.json()["judged"]
+        by_digest = httpx.get(f"{api}/v1/gate", params={"ref": registry.ref(path, digest=good)}, trust_env=False)
+        assert by_digest.json()["ok"] and "judged" not in by_digest.json()
+        cli = run_cli("gate", "check", registry.ref(path, "stable"), "--db", db, "--insecure-registry", registry.host)
+        assert cli.returncode == 0 and f"note: judged {good}" in cli.stdout, cli.stdout + cli.stderr
     finally:
         os.killpg(service.pid, 15)
         try:

@@ -6,7 +6,8 @@
   the digest was ever judged (``ok`` says whether it may be pushed), 404 when it never was.
 * ``GET /v1/runs``, ``GET /v1/runs/{id}`` -- the runs, as `qualify runs list|show --json` print them.
 * ``GET /healthz`` -- the database answers.
-* ``POST /v1/registry/events`` -- the registry's notifications (qualify.service.webhook).
+* ``POST /v1/registry/events`` -- the registry's notifications (qualify.service.webhook), read as a capped
+  stream with a JSON depth limit (qualify.service.limits).
 * ``GET /openapi.json`` (and ``/docs``).
 
 Every write needs the bearer token (Settings.service_token, QUALIFY_SERVICE_TOKEN); without it, or with
@@ -33,6 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 
 from qualify.errors import BadInput
+from qualify.gate.judged import judged_note
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.registry import ImageNotFound, RegistryError
@@ -198,6 +200,9 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
             result = check_push(session, image, digest, tag_digest=tag_digest, release_name=release,
                                 policy_sha256=policy)
         body = result.to_dict()
+        note = judged_note(image, digest)  # the tag form judged what the tag points to now
+        if note:
+            body["judged"] = note
         status = 200
         if result.verdict is None:
             body["detail"] = f"{digest} has never been judged by the gate"
@@ -220,7 +225,9 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         return _json(detail)
 
     @app.post("/v1/registry/events", summary="the registry's notifications (bearer token required)",
-              responses={400: {"description": "malformed envelope: nothing recorded"},
+              responses={400: {"description": "not an envelope, or nested too deeply: nothing recorded"},
+                         413: {"description": "larger than 1 MiB"},
+                         503: {"description": "an enforcement failed or the database is down: redeliver"},
                          401: {"description": "no or wrong bearer token"}})
     async def registry_events(request: Request) -> Response:
         body = parse_json(await read_capped(request, MAX_BODY))  # 413 past the cap, 400 too deep

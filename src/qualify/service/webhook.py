@@ -1,16 +1,19 @@
 """The Distribution registry's notifications: a push to a protected tag whose digest has no PASS.
 
 The registry (docker-registry, `notifications.endpoints`) POSTs an envelope `{"events": [...]}` after each
-push, pull and delete. Only manifest pushes with a tag to a protected repository/tag pattern matter: each
-is judged with the rules of `gate check` (qualify.gate.push_check.check_push) and recorded in
-`registry_events`. When the digest may not carry that tag and enforcement is on, the tag is re-pointed to
-the previous qualified digest (`revert`; deleted when there is none) or the manifest deleted (`delete`).
+push, pull and delete. The endpoint's token is bound to ONE registry (Settings.webhook_registry): every push is
+placed on that registry, whatever host the event names (`request.host` is the pusher's Host header: recorded,
+never trusted). Only manifest pushes with a tag (any media type) to a protected repository/tag pattern matter:
+each is judged with the rules of `gate check` (qualify.gate.push_check.check_push) and recorded in
+`registry_events`. When the digest may not carry that tag and enforcement is on, the tag is re-pointed to the
+previous qualified digest (`revert`; deleted when there is none) or the manifest deleted (`delete`).
 
-Nothing is half-applied: the whole envelope is validated before anything is recorded (a malformed one is
-refused whole); every change to the registry is preceded by a committed row saying what is about to be done
-(outcome `enforcing`) and followed by its result; a redelivered event (same id) is answered from its row and
-an unfinished one is finished. The tag is re-checked right before the change: when it has moved on since
-the push, nothing is changed (`skipped`).
+One malformed event is recorded as `skipped` with the reason and never refuses the envelope (Distribution
+retries a refused envelope forever, stalling every later push); values are checked against the columns'
+lengths. Every change to the registry is preceded by a committed row saying what is about to be done (outcome
+`enforcing`) and followed by its result; a redelivered event (same id) is answered from its row, and an
+unfinished or failed one is tried again (a failure answers 503, so the registry redelivers). The tag is
+re-checked right before the change: when it has moved on since the push, nothing is changed (`skipped`).
 
 Distribution 2.x cannot delete a tag alone: deleting removes the manifest (by digest) and every tag of that
 repository pointing to it. That is what `delete` (and `revert` without a previous digest) does.
