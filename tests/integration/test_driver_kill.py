@@ -35,6 +35,15 @@ def _marked(mark: str) -> set[int]:
     return found
 
 
+def _run_of(driver: int, mark: str) -> set[int]:
+    """The driver's descendants and every process carrying the mark (Ray's agents may not inherit it)."""
+    try:
+        descendants = {p.pid for p in psutil.Process(driver).children(recursive=True)}
+    except psutil.Error:
+        descendants = set()
+    return (_marked(mark) | descendants) - {driver}
+
+
 def _cmdlines(pids: set[int]) -> dict[int, str]:
     out = {}
     for pid in pids:
@@ -69,15 +78,13 @@ def test_kill_9_of_the_driver_alone_leaves_no_process_and_no_listener(tmp_path: 
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def running() -> dict[int, str] | None:  # Prefect's server, Ray, and the workload are all up
-            lines = _cmdlines(_marked(mark))
+            lines = _cmdlines(_run_of(driver.pid, mark))
             text = "\n".join(lines.values())
-            want = ("raylet", "uvicorn", "qualify.workloads.sleep")
+            want = ("raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "uvicorn", "qualify.workloads.sleep")
             return lines if all(w in text for w in want) else None
 
         _wait(running, 300, "the run's Prefect server, Ray and workload")
-        time.sleep(2)  # let the agents Ray starts after its workers come up
-        run = _marked(mark) | {p.pid for p in psutil.Process(driver.pid).children(recursive=True)}
-        run.discard(driver.pid)
+        run = _run_of(driver.pid, mark)
         ports = _listening(run)
         names = _cmdlines(run)
         assert ports, "the run listens somewhere (Prefect's API server at least)"
