@@ -47,13 +47,15 @@ def test_a_hung_registry_never_holds_health_or_gate_reads(db: str, service_facto
             wait_for(lambda: len(hole._held) >= THREADS, "the registry pool to be stuck on the hung registry", 30)
             # health and a gate read by digest need no registry: answered while every registry thread hangs
             health, took = _timed_get(f"{service.url}/healthz")
-            assert health == 200 and took < 3, took
+            # (bounds well under the registry timeout, generous for a loaded 2-core machine; the old code took 58 s)
+            assert health == 200 and took < TIMEOUT_S, took
             by_digest, took = _timed_get(f"{service.url}/v1/gate", ref=f"{hole.host}/team/app@sha256:{'1' * 64}")
-            assert by_digest == 404 and took < 3, took
+            assert by_digest == 404 and took < TIMEOUT_S, took
             answers = [f.result() for f in hung]
     assert {status for status, _ in answers} == {503}, answers
     assert max(took for _, took in answers) < 2 * TIMEOUT_S + 10, answers  # bounded, not the old 60 s
-    assert sum(took < 2 for _, took in answers) >= n - QUEUE, answers  # beyond the queue: answered at once
+    # beyond the queue: answered at once, not after a registry timeout
+    assert sum(took < TIMEOUT_S for _, took in answers) >= n - QUEUE, answers
 
 
 def _rss(pid: int) -> int:
