@@ -186,7 +186,10 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
                                                   f"{later.verdict}: promotion stopped before this target"))
                     continue
                 outcomes.append(_promote_one(client, t, source, source_ref, digest, dry_run=dry_run, force=force))
-            if not dry_run:
+            if not dry_run:  # the signed attestations travel with the image (a problem is logged, never fatal)
+                from qualify.attest.service import copy_to_targets
+
+                copy_to_targets(client, src, digest, [o.target_ref for o in outcomes if o.ok])
                 _record(session, decision, outcomes, actor, reason=reason)
                 session.commit()
             return outcomes

@@ -31,6 +31,10 @@ ENVIRONMENT = {
     "QUALIFY_ENFORCE": "enforce",
     "QUALIFY_INSECURE_REGISTRIES": "insecure_registries",
     "QUALIFY_WEBHOOK_REGISTRY": "webhook_registry",
+    # signed attestations (qualify.attest): the private key as a PEM file, or the PEM itself
+    "QUALIFY_ATTEST_KEY_FILE": "attest_key_file",
+    "QUALIFY_ATTEST_KEY": "attest_key",
+    "QUALIFY_ATTEST_KEY_PASSWORD": "attest_key_password",
 }
 ENFORCE_MODES = ("off", "revert", "delete")
 CREDENTIAL_ENVIRONMENT = ("QUALIFY_REGISTRY_USERNAME", "QUALIFY_REGISTRY_PASSWORD", "QUALIFY_REGISTRY_HOST")
@@ -58,6 +62,11 @@ class Settings:
     # The registry (host:port) whose notifications the webhook receives: its token is bound to it, every push
     # is judged and enforced there, whatever host an event names (that is the pusher's Host header).
     webhook_registry: str | None = None
+    # The attestation signing key (ECDSA P-256 or Ed25519, PEM): a file, or the PEM in the environment (never
+    # argv). Neither set: no attestation is written (said once). Secrets: hidden from repr, never logged.
+    attest_key_file: Path | None = None
+    attest_key: str | None = dataclasses.field(default=None, repr=False)
+    attest_key_password: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
@@ -81,7 +90,7 @@ class Settings:
 
 
 def _coerce(name: str, value: object) -> object:
-    if name in ("data_dir", "cache_dir", "ray_temp_dir"):
+    if name in ("data_dir", "cache_dir", "ray_temp_dir", "attest_key_file"):
         return Path(str(value)).expanduser()
     if name == "debug":
         return str(value).lower() in ("1", "true", "yes", "on")

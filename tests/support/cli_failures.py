@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from qualify.cli import app
 from qualify.errors import ExitCode
 from support.gate import manifest_text, seed_run
+from support.paths import REPO
 
 BAD, FAIL, INFRA = ExitCode.BAD_INPUT, ExitCode.FAIL, ExitCode.INFRA
 
@@ -31,6 +32,8 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("QUALIFY_DATABASE_URL", db)
     monkeypatch.setenv("QUALIFY_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("QUALIFY_SERVICE_TOKEN", raising=False)  # `serve --host 0.0.0.0` must refuse, not start
+    for var in ("QUALIFY_ATTEST_KEY", "QUALIFY_ATTEST_KEY_FILE"):  # `attest` without a key must refuse
+        monkeypatch.delenv(var, raising=False)
     bad = tmp_path / "bad.yaml"
     bad.write_text("release: {name: x}\n")
     (tmp_path / "unmigrated.db").touch()
@@ -40,7 +43,11 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     with sessions() as s:
         unjudged = seed_run(s, manifest_text(), digest="sha256:" + "2" * 64).id
         s.commit()
-    return {"db": db, "bad": str(bad), "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
+    from support.attest import key_pair
+
+    _, pub = key_pair(tmp_path / "keys")
+    return {"db": db, "bad": str(bad), "pub": str(pub), "manifest": str(REPO / "releases" / "cpu-smoke.yaml"),
+            "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
             "down": f"postgresql://postgres@127.0.0.1:{closed_port()}/none", "unjudged": str(unjudged),
             "port": str(closed_port())}
 
@@ -75,9 +82,19 @@ FAILURES = [  # OFFLINE + NETWORK
     (["compare", "run:424242", "1.1"], BAD, "no run 424242"),
     (["history", "train/nope/base"], BAD, "no result for case"),
     (["history", "train/tiny/base", "--metric", "furlongs"], BAD, "unknown metric"),
+    (["plan", "{manifest}", "--nodes", "1", "--gpus-per-node", "0", "--cpus-per-node", "0.5"], BAD,
+     "cannot be placed"),
+    (["plan", "{manifest}", "--nodes", "0", "--cpus-per-node", "8"], BAD, "--nodes"),
     (["serve", "--host", "0.0.0.0"], BAD, "not loopback"),
     (["serve", "--enforce", "maybe"], BAD, "off, revert, delete"),
     (["serve", "--db", "{down}"], INFRA, "cannot connect"),
+    (["attest", "{unjudged}"], BAD, "no signing key configured"),
+    (["verify", "x/y:1", "--key", "/no/such.pub"], BAD, "--key /no/such.pub"),
+    (["verify", "x/y:1", "--key", "{bad}"], BAD, "not a PEM public key"),
+    (["verify", "x/y@sha256:" + "e" * 64, "--key", "{pub}", "--max-age", "soon"], BAD, "--max-age 'soon'"),
+    (["verify", "127.0.0.1:{port}/x/y:1", "--key", "{pub}", "--insecure-registry", "127.0.0.1:{port}"], INFRA,
+     "unreachable"),
+    (["gate", "check", "x/y:1", "--attestation"], BAD, "go together"),
 ]
 
 

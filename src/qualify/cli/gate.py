@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -116,9 +117,20 @@ def gate_check(image_ref: str = typer.Argument(..., metavar="IMAGE_REF"), db: Op
                                                      help="also require the decision to be about this release"),
                policy: Optional[str] = typer.Option(None, "--policy", metavar="SHA256",
                                                     help="also require this gate policy hash (a prefix)"),
+               attestation: bool = typer.Option(False, "--attestation",
+                                                help="answer from the registry's signed attestation, not the database"),
+               key: Optional[Path] = typer.Option(None, "--key", metavar="PUB",
+                                                  help="with --attestation: the public key (PEM)"),
                as_json: bool = JsonOption) -> None:
     """Exit 0 only when the reference may be pushed: its digest's latest decision is PASS, its repository is
     the qualified one (or a promotion target), and its tag (if any) resolves to that digest."""
+    if attestation or key is not None:  # CI without a database: the same rules, read from the attestation
+        if not (attestation and key is not None):
+            raise BadInput("--attestation and --key PUB go together")
+        from qualify.cli.attest import report, verify_reference
+
+        report(verify_reference(image_ref, key, insecure_registry or [], policy_digest=policy, release=release),
+               image_ref, as_json)
     ref = parse_reference(image_ref)
     tag_digest = _resolve_tag(ref, insecure_registry or []) if ref.tag else None
     digest = ref.digest or tag_digest

@@ -16,21 +16,25 @@ from qualify.execution.result import CaseRunResult
 from qualify.manifest import fingerprint
 from qualify.manifest.cases import Case
 from qualify.outcomes import CaseOutcome, CaseStatus, ErrorClass
+from qualify.plan import submission_order
 from qualify.pipeline import RunContext
 from qualify.store import repo
 from qualify.workloads import protocol
 
 
 def pending_cases(ctx: RunContext, log: Callable[[str], None] = lambda _m: None) -> list[Case]:
-    """Cases without a final result (all of them for a new run), after recording what a previous driver of
-    this run spooled to disk but could not write to the database."""
+    """Cases without a final result (all of them for a new run), longest first, after recording what a
+    previous driver of this run spooled to disk but could not write to the database."""
     for path, result in spool.pending(ctx.data_dir, ctx.run_id):
         if commit_result(ctx, result, log):
             log(f"{result.case_id}: recorded the result spooled by an earlier driver ({path})")
         path.unlink(missing_ok=True)
     with ctx.sessions() as session:
         done = repo.final_case_ids(session, ctx.run_id)
-    return [c for c in ctx.cases if c.case_id not in done]
+        pending = [c for c in ctx.cases if c.case_id not in done]
+        history = repo.recent_exec_seconds(session, ctx.manifest.release.repository, [c.case_id for c in pending])
+    # Longest first (earlier results, else the estimate): a long case never starts last behind short ones.
+    return submission_order(pending, history)
 
 
 def commit_result(ctx: RunContext, result: spool.SpooledResult, log: Callable[[str], None]) -> bool:

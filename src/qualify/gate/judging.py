@@ -89,7 +89,11 @@ def evaluate_and_commit(session_factory: Callable[[], Session], run_id: int, *,
         evaluation = evaluate_run(session, run_id, today=today, record=record)
         if record:
             session.commit()
-        return evaluation
+    if record:  # the signed attestation follows every committed decision (never fails the caller)
+        from qualify.attest.service import after_decision
+
+        after_decision(session_factory, run_id)
+    return evaluation
 
 
 def decision_dict(decision: GateDecision) -> dict[str, Any]:

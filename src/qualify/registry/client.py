@@ -298,6 +298,70 @@ class RegistryClient:
                 self._client(target.registry).delete(location)
         return False
 
+    def get_blob(self, ref: ImageRef | str, digest: str, *, max_bytes: int = 16 << 20) -> bytes:
+        """A small blob's bytes (attestation envelopes, configs), verified against its digest."""
+        ref = _as_ref(ref)
+        what = f"get blob {digest} of {ref.name}"
+        resp = self._request("GET", ref, f"{ref.repository}/blobs/{digest}", what=what)
+        if resp.status_code == 404:
+            raise ImageNotFound(f"{what}: not found{_error_detail(resp)}")
+        if resp.status_code != 200:
+            raise RegistryError(f"{what}: HTTP {resp.status_code}{_error_detail(resp)}")
+        if len(resp.content) > max_bytes:
+            raise RegistryError(f"{what}: larger than {max_bytes} bytes")
+        if sha256_digest(resp.content) != digest:
+            raise DigestMismatch(f"{what}: the bytes hash to {sha256_digest(resp.content)}")
+        return resp.content
+
+    def upload_blob(self, ref: ImageRef | str, data: bytes) -> str:
+        """Upload a small blob to ref's repository in one request (POST, then PUT with the digest); a blob
+        already there is not sent again. Returns its digest."""
+        ref = _as_ref(ref)
+        digest = sha256_digest(data)
+        if self.blob_exists(ref, digest):
+            return digest
+        what = f"upload blob {digest} to {ref.name}"
+        resp = self._request("POST", ref, f"{ref.repository}/blobs/uploads/", what=what, actions="pull,push")
+        location = resp.headers.get("Location")
+        if resp.status_code != 202 or not location:
+            raise CopyFailed(f"{what}: HTTP {resp.status_code}{_error_detail(resp)}")
+        url = httpx.URL(location if not location.startswith("/") else self.base_url(ref.registry) + location)
+        base = httpx.URL(self.base_url(ref.registry))
+        if (url.scheme, url.netloc) != (base.scheme, base.netloc) or not url.path.startswith("/v2/"):
+            raise CopyFailed(f"{what}: the registry sent the upload elsewhere ({url.scheme}://{url.host}); "
+                             "not supported for attestations")
+        params = dict(url.params.multi_items())
+        params["digest"] = digest
+        resp = self._request("PUT", ref, url.path[len("/v2/"):], what=what, actions="pull,push", params=params,
+                             headers={"Content-Type": "application/octet-stream"}, content=data)
+        if resp.status_code not in (201, 204):
+            raise CopyFailed(f"{what}: HTTP {resp.status_code}{_error_detail(resp)}")
+        return digest
+
+    def referrers(self, ref: ImageRef | str, digest: str) -> dict[str, Any] | None:
+        """The OCI 1.1 referrers index of `digest` in ref's repository, or None when the registry has no
+        referrers API (Distribution 2.x answers 404; an API that exists answers an image index)."""
+        ref = _as_ref(ref)
+        what = f"list referrers of {digest} in {ref.name}"
+        resp = self._request("GET", ref, f"{ref.repository}/referrers/{digest}", what=what,
+                             headers={"Accept": OCI_INDEX})
+        if resp.status_code != 200:
+            return None
+        if resp.headers.get("Content-Type", "").split(";")[0].strip() != OCI_INDEX:
+            return None
+        try:
+            doc = resp.json()
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) and isinstance(doc.get("manifests"), list) else None
+
+    def delete_manifest(self, ref: ImageRef | str, digest: str) -> bool:
+        """DELETE a manifest by digest; False when the registry does not allow it."""
+        ref = _as_ref(ref)
+        resp = self._request("DELETE", ref, f"{ref.repository}/manifests/{digest}", what=f"delete {digest}",
+                             actions="pull,push,delete")
+        return resp.status_code in (200, 202)
+
     # ----------------------------------------------------------------- copies
 
     def copy(self, source: ImageRef | str, target: ImageRef | str) -> CopyResult:
