@@ -12,6 +12,11 @@ warms it up, then keeps `--concurrency` keep-alive connections busy for `--secon
 of random runs (one in ten never judged: 404). The client is a minimal asyncio HTTP/1.1 loop (so the load
 generator costs little of the machine it shares with the server); latency is measured per request on the
 client side. Target on this 2-core machine: p50 <= 10 ms and >= 500 requests/s.
+
+Then one registry hangs (issue 25): a loopback listener that accepts and never answers is listed as an
+insecure registry, and `--hung-clients` connections keep asking about a tag on it (each waits for its answer,
+503, then asks again half a second later) while the warm digest reads are measured again; their p50 is
+printed beside the p50 without the hung registry, measured just before.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # support.net.Blackhole: the registry that hangs
+
+from support.net import Blackhole  # noqa: E402
 ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 REPOSITORY = "registry.example.com/qualify/bench"
 
@@ -153,6 +161,37 @@ async def load(host: str, port: int, paths: list[str], concurrency: int, seconds
     return latencies, statuses, time.perf_counter() - start
 
 
+async def _hung_client(host: str, port: int, path: str, stop_at: float, statuses: dict[int, int]) -> None:
+    """Ask about a tag on the hung registry, wait for the answer, pause, again (a CI job retrying)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while time.perf_counter() < stop_at:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            statuses[status] = statuses.get(status, 0) + 1
+            await asyncio.sleep(0.5)
+    finally:
+        writer.close()
+
+
+async def load_beside_hung(host: str, port: int, paths: list[str], concurrency: int, seconds: float,
+                           hung_path: str, hung_clients: int) -> tuple[tuple[list[float], dict[int, int], float],
+                                                                        dict[int, int]]:
+    """`load` while `hung_clients` connections wait on the hung registry (they start first)."""
+    hung_statuses: dict[int, int] = {}
+    stop_at = time.perf_counter() + seconds + 2
+    hung = [asyncio.create_task(_hung_client(host, port, hung_path, stop_at, hung_statuses))
+            for _ in range(hung_clients)]
+    await asyncio.sleep(1.0)  # the registry pool is stuck by now
+    measured = await load(host, port, paths, concurrency, seconds)
+    await asyncio.gather(*hung)
+    return measured, hung_statuses
+
+
 def percentile(values: list[float], q: float) -> float:
     xs = sorted(values)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -178,6 +217,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--cli-samples", type=int, default=10)
+    parser.add_argument("--hung-clients", type=int, default=24, help="connections waiting on the hung registry")
     parser.add_argument("--access-log", action="store_true", help="serve with uvicorn's access log on")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     parser.add_argument("--reuse", metavar="NAME", help="a database an earlier --keep left (skips the loading)")
@@ -193,6 +233,7 @@ def main() -> None:
         with psycopg.connect(ADMIN, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     server = None
+    hole = Blackhole().__enter__()
     try:
         t = time.perf_counter()
         if args.reuse:
@@ -208,6 +249,7 @@ def main() -> None:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
         server = subprocess.Popen([sys.executable, "-m", "qualify", "serve", "--db", url, "--port", str(port),
+                                   "--insecure-registry", hole.host,
                                    *([] if args.access_log else ["--no-access-log"])], env=env, cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -235,6 +277,18 @@ def main() -> None:
                *asyncio.run(load("127.0.0.1", port, paths, args.concurrency, args.seconds)), args.concurrency)
         for c in sorted({1, 4, 16} - {args.concurrency}):
             report("warm", *asyncio.run(load("127.0.0.1", port, paths, c, min(args.seconds, 5.0))), c)
+        # One registry hangs: the same warm reads, measured right before and beside the hung registry's callers.
+        seconds = min(args.seconds, 10.0)
+        alone = asyncio.run(load("127.0.0.1", port, paths, args.concurrency, seconds))
+        report("warm, no registry hanging", *alone, args.concurrency)
+        hung_path = f"/v1/gate?ref={quote(f'{hole.host}/team/app:1.0', safe='')}"
+        beside, hung_statuses = asyncio.run(load_beside_hung("127.0.0.1", port, paths, args.concurrency, seconds,
+                                                             hung_path, args.hung_clients))
+        report(f"warm, beside {args.hung_clients} callers of a hung registry", *beside, args.concurrency)
+        p50_alone, p50_beside = percentile(alone[0], 0.5), percentile(beside[0], 0.5)
+        print(f"hung registry: digest-read p50 {p50_alone * 1000:.2f} ms alone, {p50_beside * 1000:.2f} ms beside it "
+              f"(x{p50_beside / p50_alone:.2f}); the hung registry's callers got HTTP "
+              f"{dict(sorted(hung_statuses.items()))}; connections it accepted: {len(hole._held)}", flush=True)
         server.terminate()
         server.wait(20)
         server = None
@@ -250,6 +304,7 @@ def main() -> None:
               f"min {min(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms over {len(times)} calls "
               f"({1 / statistics.median(times):.1f} checks/s one after another)")
     finally:
+        hole.__exit__(None, None, None)
         if server is not None and server.poll() is None:
             server.terminate()
             server.wait(20)

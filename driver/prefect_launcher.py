@@ -6,6 +6,7 @@ import os
 
 from qualify.errors import InfraError
 from qualify.launcher import ProgressCallback, RunRequest
+from qualify.lifetime import bind_children_to_this_process
 from qualify.outcomes import RunOutcome
 from qualify.progress import listening
 from qualify.settings import Settings
@@ -29,6 +30,7 @@ def prepare_environment(settings: Settings, verbose: bool) -> None:
 
 
 def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallback) -> RunOutcome:
+    bind_children_to_this_process()  # Prefect's API server, Ray, the workloads: dead with this process
     prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
     from prefect.task_runners import ThreadPoolTaskRunner
 

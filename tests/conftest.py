@@ -15,7 +15,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from support.db import PG_ADMIN_URL, psycopg_dsn  # noqa: E402
 
-pytest_plugins = ["support.registry"]
+pytest_plugins = ["support.registry", "support.service"]
 
 
 @pytest.fixture(scope="session", autouse=True)

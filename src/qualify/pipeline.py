@@ -35,6 +35,7 @@ from qualify.outcomes import CaseStatus, RunStatus, Verdict
 from qualify.progress import Progress
 from qualify.promote import PromotionError, PromotionRefused, TargetOutcome, promote_run
 from qualify.settings import Settings
+from qualify.store.identity import database_data_dir
 from qualify.store import repo
 from qualify.store.models import Run
 from qualify.verify import compare_components, probe_case
@@ -183,7 +184,8 @@ def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resu
         session.commit()
         run_id = run.id
     return RunContext(sessions=sessions, loaded=loaded, run_id=run_id, cases=expand(loaded.release),
-                      manifest_dir=manifest_path.resolve().parent, data_dir=Settings.load().data_dir,
+                      manifest_dir=manifest_path.resolve().parent,
+                      data_dir=database_data_dir(Settings.load().data_dir, sessions),
                       ray_address=ray_address or loaded.release.execution.ray_address, resumed=resume_run_id is not None)
 
 

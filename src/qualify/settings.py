@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -29,6 +30,7 @@ ENVIRONMENT = {
     "QUALIFY_PROTECT": "protect",
     "QUALIFY_ENFORCE": "enforce",
     "QUALIFY_INSECURE_REGISTRIES": "insecure_registries",
+    "QUALIFY_WEBHOOK_REGISTRY": "webhook_registry",
     # signed attestations (qualify.attest): the private key as a PEM file, or the PEM itself
     "QUALIFY_ATTEST_KEY_FILE": "attest_key_file",
     "QUALIFY_ATTEST_KEY": "attest_key",
@@ -60,6 +62,9 @@ class Settings:
     enforce: str = "off"
     # Registries reached over plain HTTP (host:port), as --insecure-registry.
     insecure_registries: tuple[str, ...] = ()
+    # The registry (host:port) whose notifications the webhook receives: its token is bound to it, every push
+    # is judged and enforced there, whatever host an event names (that is the pusher's Host header).
+    webhook_registry: str | None = None
     # The attestation signing key (ECDSA P-256 or Ed25519, PEM): a file, or the PEM in the environment (never
     # argv). Neither set: no attestation is written (said once). Secrets: hidden from repr, never logged.
     attest_key_file: Path | None = None
@@ -92,10 +97,6 @@ class Settings:
                 settings, database_url=f"sqlite:///{(settings.data_dir / 'qualify.db').resolve()}")
         return settings
 
-    @property
-    def reports_dir(self) -> Path:
-        return self.data_dir / "reports"
-
 
 def _coerce(name: str, value: object) -> object:
     if name in ("data_dir", "cache_dir", "ray_temp_dir", "attest_key_file"):
@@ -113,9 +114,14 @@ def _coerce(name: str, value: object) -> object:
         return mode
     if name in ("public_url", "prefect_ui_url"):
         return public_base_url(name, str(value))
+    if name == "database_url":
+        return check_database_url(str(value))
+    if name == "webhook_registry":
+        return parse_registry(value)
     if name == "insecure_registries":
-        items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
-        return tuple(h.strip() for h in items if h and h.strip())
+        # comma-separated in the environment and in each --insecure-registry value alike
+        items = [value] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+        return tuple(h.strip() for item in items for h in str(item).split(",") if h.strip())
     return value
 
 
@@ -132,6 +138,9 @@ def parse_protect(value: object) -> tuple[tuple[str, str], ...]:
         slash = item.rfind("/")
         colon = item.rfind(":")
         repo, tag = (item[:colon], item[colon + 1:]) if colon > slash else (item, "*")
+        if slash < 0 and tag.isdigit() and (repo == "localhost" or "." in repo or repo.startswith("[")):
+            raise BadInput(f"protected pattern {item!r} reads as repository {repo!r} with tag {tag!r}; for every "
+                           f"repository of the registry {item} write '{item}/*' (or '{item}/*:TAG-GLOB')")
         if not repo or not tag:
             raise BadInput(f"protected pattern {item!r}: write REPOSITORY-GLOB[:TAG-GLOB], e.g. 'team/*:25.*'")
         out.append((repo, tag))
@@ -152,11 +161,46 @@ def public_base_url(name: str, value: str) -> str:
     return url
 
 
-def redact_url(url: str) -> str:
-    """A database URL without its password, for messages and logs."""
-    from sqlalchemy.engine import make_url
+_REGISTRY = re.compile(r"^(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*|\[[0-9a-f:.]+\])"
+                       r"(?::[0-9]{1,5})?$")
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a malformed URL is shown without anything after '@'
-        return url.split("@")[-1]
+
+def parse_registry(value: object) -> str:
+    """A registry as image references name it: host[:port], lower-cased (hosts are case-insensitive)."""
+    from qualify.errors import BadInput
+
+    text = str(value).strip().lower().rstrip("/")
+    if not _REGISTRY.match(text):
+        raise BadInput(f"QUALIFY_WEBHOOK_REGISTRY / --registry {value!r}: write the registry as HOST[:PORT], "
+                       "e.g. 127.0.0.1:5000")
+    return text
+
+
+_SECRET_QUERY = re.compile(r"(?i)([?&;](?:password|passwd|pwd|pass|sslpassword|secret|token)=)[^&;#]*")
+
+
+def check_database_url(url: str) -> str:
+    """Refuse a URL whose password holds an unencoded '@': the driver would read part of the password as the
+    host, and print it in its connection error."""
+    from qualify.errors import BadInput
+
+    _scheme, sep, rest = url.partition("://")
+    authority = rest.split("?", 1)[0]
+    at = authority.rfind("@")
+    if sep and at >= 0 and "@" in authority[:at]:
+        raise BadInput(f"the database URL {redact_url(url)}: its user or password holds an unencoded '@': "
+                       "percent-encode it as %40")
+    return url
+
+
+def redact_url(url: str) -> str:
+    """A database URL without its password, for messages and logs: the userinfo's password (everything between
+    the first ':' of the userinfo and the LAST '@', so an unencoded '@' in it stays hidden) and every
+    password-like query parameter (`?password=`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _SECRET_QUERY.sub(r"\1***", url) if "@" not in url else "<a database URL>"
+    at = rest.rfind("@")
+    if at >= 0 and ":" in rest[:at]:
+        rest = f"{rest[:at].split(':', 1)[0]}:***@{rest[at + 1:]}"
+    return scheme + "://" + _SECRET_QUERY.sub(r"\1***", rest)

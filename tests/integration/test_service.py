@@ -24,6 +24,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def client_for(sessions, *, token: str | None = TOKEN, reads_need_token: bool = False, registry=None,
                **settings: Any) -> TestClient:
+    settings.setdefault("webhook_registry", "127.0.0.1:5000")
     config = Settings.load(env={}, service_token=token, **settings)
     factory = (lambda: registry) if registry is not None else None
     return TestClient(create_app(config, sessions, reads_need_token=reads_need_token, client_factory=factory))
@@ -165,17 +166,24 @@ def _rows(sessions) -> list[RegistryEvent]:
         return list(s.query(RegistryEvent).order_by(RegistryEvent.id))
 
 
-def test_malformed_envelopes_are_refused_whole(sessions) -> None:
+def test_malformed_envelopes_are_refused_and_malformed_events_skipped(sessions) -> None:
     line = seed_release_line(sessions)
-    api = client_for(sessions, protect="qualify/*:*", enforce="revert", registry=FakeRegistry())
-    good = push_event(line.digest_b)
-    for body in (b"not json", b"[]", json.dumps({"events": "x"}).encode(),
-                 json.dumps({"events": [good, {"id": "x", "action": "push"}]}).encode(),
-                 json.dumps({"events": [good, push_event("sha256:short")]}).encode(),
-                 json.dumps({"events": [good, push_event(line.digest_a, tag="bad tag!")]}).encode()):
+    registry = FakeRegistry({"127.0.0.1:5000/qualify/demo:stable": line.digest_b})
+    api = client_for(sessions, protect="qualify/*:*", enforce="revert", registry=registry)
+    for body in (b"not json", b"[]", json.dumps({"events": "x"}).encode()):  # not an envelope: 400
         refused = api.post("/v1/registry/events", content=body, headers=AUTH)
         assert refused.status_code == 400, (body, refused.text)
-    assert _rows(sessions) == []  # nothing half-applied
+    assert _rows(sessions) == []
+    # malformed events inside an envelope are recorded as skipped; the good one is enforced; 200 for the envelope
+    good = push_event(line.digest_b)
+    odd = [{"id": "x", "action": "push"}, push_event("sha256:short"), push_event(line.digest_a, tag="bad tag!"),
+           push_event(line.digest_a, event_id="i" * 129), push_event(line.digest_a, repository="Bad/Repo"), 7]
+    answer = api.post("/v1/registry/events", json={"events": [*odd, good]}, headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    outcomes = [e["outcome"] for e in answer.json()["events"]]
+    assert outcomes == ["skipped"] * len(odd) + ["deleted"], answer.text
+    rows = _rows(sessions)
+    assert all("malformed event" in r.detail for r in rows[:-1]) and rows[-1].outcome == "deleted"
     assert api.post("/v1/registry/events", content=b"x" * (1 << 21), headers=AUTH).status_code == 413
 
 
@@ -218,12 +226,18 @@ def test_pushes_are_judged_recorded_and_enforced(sessions) -> None:
     calls = len(registry.calls)
     again = post(first)[0]
     assert again["replayed"] and again["outcome"] == "allowed" and len(registry.calls) == calls
-    # the registry cannot be reached: the failure is recorded, the envelope accepted (no endless redelivery)
+    # the registry cannot be reached: the failure is recorded and answered 503, so the registry redelivers it
     registry.fail = True
-    failed = post(push_event(line.digest_b))[0]
-    assert failed["outcome"] == "failed" and "unreachable" in failed["detail"]
+    retried = push_event(line.digest_b)
+    answer = api.post("/v1/registry/events", json={"events": [retried]}, headers=AUTH)
+    assert answer.status_code == 503 and answer.json()["events"][0]["outcome"] == "failed"
+    assert "unreachable" in answer.json()["events"][0]["detail"]
+    registry.fail = False
+    registry.tags[stable] = line.digest_b
+    assert post(retried)[0]["outcome"] == "reverted"  # the redelivery finishes it
     rows = _rows(sessions)
-    assert [r.outcome for r in rows] == ["allowed", "reverted", "reverted", "deleted", "skipped", "failed"]
+    assert [r.outcome for r in rows] == ["allowed", "reverted", "reverted", "deleted", "skipped", "reverted"]
+    assert rows[-1].detail.count("enforcement failed") == 0
     assert all(r.decided_at is not None for r in rows) and rows[1].pushed_by == "ci-bot"
     assert rows[1].repository == "127.0.0.1:5000/qualify/demo" and rows[1].decision_id is not None
 

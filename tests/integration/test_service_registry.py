@@ -18,7 +18,9 @@ import pytest
 from support.gate import good_doc, manifest_text, seed_run
 from support.net import free_port
 from support.paths import REPO
+from support.cli import run_cli
 from support.registry import skopeo, skopeo_digest
+from support.service import wait_for
 
 from qualify.manifest.cases import expand
 from qualify.gate.judging import evaluate_and_commit
@@ -26,16 +28,6 @@ from qualify.manifest.load import load_manifest_text
 from qualify.store.engine import open_database
 
 pytestmark = [pytest.mark.registry, pytest.mark.slow]
-
-
-def _wait(predicate, what: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _copy(host: str, src: str, dst: str) -> None:
@@ -75,13 +67,13 @@ def test_registry_pushes_to_protected_tags_are_gated(tmp_path: Path, registry_fa
     env = {**os.environ, "QUALIFY_SERVICE_TOKEN": token, "QUALIFY_DATA_DIR": str(tmp_path / "data")}
     with open(log_path, "wb") as log:
         service = subprocess.Popen(
-            [sys.executable, "-m", "qualify", "serve", "--db", db, "--port", str(port), "--insecure-registry",
-             registry.host, "--protect", f"{path}:stable", "--protect", f"{registry.host}/{ns}/*:edge",
+            [sys.executable, "-m", "qualify", "serve", "--db", db, "--port", str(port), "--registry", registry.host,
+             "--insecure-registry", registry.host, "--protect", f"{path}:stable", "--protect", f"{registry.host}/{ns}/*:edge",
              "--enforce", "revert"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
     api = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: _healthy(api), "the service", 60)
+        wait_for(lambda: _healthy(api), "the service", 60)
 
         def events(tag: str) -> list[dict]:
             with engine.connect() as conn:
@@ -93,7 +85,7 @@ def test_registry_pushes_to_protected_tags_are_gated(tmp_path: Path, registry_fa
 
         # a qualified digest pushed to the protected tag stays
         _copy(registry.host, f"{path}@{good}", f"{path}:stable")
-        _wait(lambda: len(events("stable")) == 1, "the first event")
+        wait_for(lambda: len(events("stable")) == 1, "the first event")
         assert events("stable")[0]["outcome"] == "allowed"
         time.sleep(1.0)
         assert skopeo_digest(registry.ref(path, "stable")) == good
@@ -101,16 +93,16 @@ def test_registry_pushes_to_protected_tags_are_gated(tmp_path: Path, registry_fa
         # a FAIL digest is reverted to the qualified one; so is a digest never judged
         for digest in (bad, unknown):
             _copy(registry.host, f"{path}@{digest}", f"{path}:stable")
-            row = _wait(lambda: [e for e in events("stable") if e["digest"] == digest
+            row = wait_for(lambda: [e for e in events("stable") if e["digest"] == digest
                                  and e["outcome"] not in ("enforcing",)], f"the event of {digest}")[0]
             assert (row["outcome"], row["previous_digest"]) == ("reverted", good), row
             assert skopeo_digest(registry.ref(path, "stable")) == good
         # (the service's own re-point is a push too: the registry reports it, the service allows it)
-        _wait(lambda: sum(e["outcome"] == "allowed" for e in events("stable")) == 3, "the re-points' events")
+        wait_for(lambda: sum(e["outcome"] == "allowed" for e in events("stable")) == 3, "the re-points' events")
 
         # no qualified digest ever had this tag: the manifest is deleted
         _copy(registry.host, f"{path}@{bad}", f"{path}:edge")
-        row = _wait(lambda: [e for e in events("edge") if e["outcome"] != "enforcing"], "the edge event")[0]
+        row = wait_for(lambda: [e for e in events("edge") if e["outcome"] != "enforcing"], "the edge event")[0]
         assert row["outcome"] == "deleted", row
         assert skopeo_digest(registry.ref(path, "edge")) is None
         assert skopeo_digest(registry.ref(path, "rc-bad")) is None  # Distribution deletes by digest: every tag on it
@@ -127,6 +119,12 @@ def test_registry_pushes_to_protected_tags_are_gated(tmp_path: Path, registry_fa
         assert bad_body.status_code == 400
         gate = httpx.get(f"{api}/v1/gate", params={"ref": registry.ref(path, "stable")}, trust_env=False)
         assert gate.status_code == 200 and gate.json()["ok"] and gate.json()["digest"] == good
+        # the tag form says which digest it judged (the one the tag points to now); the digest form needs no note
+        assert good in gate.json()["judged"] and "before a push" in gate.json()["judged"]
+        by_digest = httpx.get(f"{api}/v1/gate", params={"ref": registry.ref(path, digest=good)}, trust_env=False)
+        assert by_digest.json()["ok"] and "judged" not in by_digest.json()
+        cli = run_cli("gate", "check", registry.ref(path, "stable"), "--db", db, "--insecure-registry", registry.host)
+        assert cli.returncode == 0 and f"note: judged {good}" in cli.stdout, cli.stdout + cli.stderr
     finally:
         os.killpg(service.pid, 15)
         try:

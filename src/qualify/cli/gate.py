@@ -17,9 +17,10 @@ import typer
 
 from qualify.cli.common import DbOption, InsecureOption, JsonOption, exit_with, new_app, open_db, say
 from qualify.errors import BadInput, ExitCode
-from qualify.gate.judging import decision_dict, evaluate_and_commit
 from qualify.outcomes import Verdict
 from qualify.report.verdict_text import reason_lines
+from qualify.gate.judged import judged_note
+from qualify.gate.judging import decision_dict, evaluate_and_commit
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, parse_reference
 from qualify.registry import RegistryClient, RegistryError
@@ -143,9 +144,12 @@ def gate_check(image_ref: str = typer.Argument(..., metavar="IMAGE_REF"), db: Op
     with open_db(db, migrate=False)() as session:
         result = check_push(session, ref, digest, tag_digest=tag_digest, release_name=release, policy_sha256=policy)
     code = ExitCode.OK if result.ok else ExitCode.FAIL
+    note = judged_note(ref, digest)  # the tag form judged what the tag points to now
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print(json.dumps({**result.to_dict(), **({"judged": note} if note else {})}, indent=2, default=str))
         exit_with(code)
+    if note:
+        say(f"note: {note}")
     if result.verdict is None:
         say(f"NO DECISION: {image_ref} ({digest}) has never been judged by the gate")
         for problem in result.problems:

@@ -23,6 +23,7 @@ from qualify.execution.node_facts import gpu_ids_of
 from qualify.execution.result import CaseRunResult, node_share
 from qualify.executors import Executor
 from qualify.manifest import Resources
+from qualify.lifetime import bind_children_to_this_process
 from qualify.settings import Settings
 from qualify.workloads import protocol
 
@@ -47,6 +48,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
         return RayHandle(address, started_here=False)
     # Ray's token authentication stays as the user (or the joined cluster) configured it: never forced off.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    bind_children_to_this_process()  # Ray's processes die with this one, even on SIGKILL
     if address:
         # A remote cluster gets the workload package (and the executors) with the job.
         ray.init(address=address, log_to_driver=True, ignore_reinit_error=True,

@@ -1,21 +1,22 @@
 """Finished results reach disk before the database: a failed write never loses a case.
 
 The driver spools each final result (the case's document plus where and how long it ran) as one JSON
-file under <data dir>/spool/run-<id>/, writes it to the database with retries, and removes the file once
+file under <data dir>/db-<database uuid>/spool/run-<id>/, writes it to the database with retries, and removes the file once
 the row is committed. `qualify run --resume RUN` records whatever a crash left in the spool before it
 decides which cases still need to run, so a finished case is never run twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote
 
 from sqlalchemy.exc import OperationalError
 
@@ -38,7 +39,11 @@ def run_dir(data_dir: Path, run_id: int) -> Path:
 
 
 def _file_name(case_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", case_id) + ".json"
+    """One name per case id (injective: 'a+b' and 'a_b' differ): percent-encoded, and a long id hashed."""
+    name = quote(case_id, safe="-_.") + ".json"
+    if len(name) > 200 or name.startswith("."):
+        name = f"case-{hashlib.sha256(case_id.encode()).hexdigest()}.json"
+    return name
 
 
 def write(data_dir: Path, run_id: int, result: SpooledResult) -> Path:

@@ -9,7 +9,8 @@
 * ``GET /v1/runs``, ``GET /v1/runs/{id}`` -- the runs, as `qualify runs list|show --json` print them;
   ``GET /v1/runs/{id}/report`` its HTML report (qualify.service.runs).
 * ``GET /healthz`` -- the database answers.
-* ``POST /v1/registry/events`` -- the registry's notifications (qualify.service.webhook).
+* ``POST /v1/registry/events`` -- the registry's notifications (qualify.service.webhook), read as a capped
+  stream with a JSON depth limit (qualify.service.limits).
 * ``GET /openapi.json`` (and ``/docs``, ``/redoc``, served offline).
 
 Every write needs the bearer token (Settings.service_token, QUALIFY_SERVICE_TOKEN); without it, or with
@@ -18,11 +19,13 @@ another, 401. Reads are open when the service listens on loopback, else they nee
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, Callable, Optional
 
@@ -34,12 +37,16 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 
+from qualify.errors import BadInput
+from qualify.gate.judged import judged_note
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.registry import ImageNotFound, RegistryError
 from qualify.service import problems, schemas
 from qualify.service.gate_answers import gate_answer
+from qualify.service.limits import parse_json, read_capped
 from qualify.service.problems import problem
+from qualify.service.registry_calls import RegistryCalls
 from qualify.service.runs import runs_router
 from qualify.service.webhook import EnforcingClient, MalformedEvents, Webhook
 from qualify.settings import Settings
@@ -111,11 +118,16 @@ class TokenGuard:
 def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_need_token: bool = False,
                client_factory: Callable[[], EnforcingClient] | None = None, threads: int = 8) -> FastAPI:
     """The service over `sessions`; `reads_need_token` when it listens beyond loopback; `threads` for the
-    blocking work (database, registry)."""
+    database work. Registry calls have their own pool (RegistryCalls), and so does the webhook, which waits on
+    registries while it enforces: a hung registry never holds a thread a database read needs."""
+    if settings.protect and not settings.webhook_registry:
+        raise BadInput("protected tags need the registry the webhook is bound to (Settings.webhook_registry)")
     token = (settings.service_token or "").encode()
     insecure = tuple(settings.insecure_registries)
-    make_client = client_factory or (lambda: EnforcingClient(insecure))
-    webhook = Webhook(sessions, settings.protect, settings.enforce, make_client)
+    registry_calls = RegistryCalls()
+    make_client = client_factory or (lambda: EnforcingClient(insecure, timeout=registry_calls.timeout_s))
+    webhook_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="webhook")
+    webhook = Webhook(sessions, settings.protect, settings.enforce, make_client, settings.webhook_registry or "")
     answers = AnswerCache()
     engine = sessions.kw["bind"]
     @asynccontextmanager
@@ -126,6 +138,8 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         yield
+        registry_calls.shutdown()
+        webhook_pool.shutdown(wait=False, cancel_futures=True)
 
     # /docs and /redoc from the assets shipped in fastapi-offline's wheel (FastAPI's own pages load a CDN).
     app = FastAPIOffline(title="qualify gating service", version="1", lifespan=lifespan,
@@ -154,18 +168,21 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
                          "digest's latest decision is PASS, for this repository, and its tag points to it), so "
                          "`curl -fsS \"$QUALIFY/v1/gate?ref=$IMAGE\" && push` is safe. 403: judged, but FAIL, "
                          "INCOMPLETE or not for this reference (the body says why, with the gate's fields); 404: "
-                         "never judged, or the tag is not in the registry.",
+                         "never judged, or the tag is not in the registry. The tag form says which digest it "
+                         "judged (`judged`): before a push, ask by digest.",
              responses={**schemas.ok(schemas.GateAnswer, "the reference may be pushed (`ok` is true)"),
                         400: {"description": "not an image reference"},
                         403: {"description": "judged, but it may not be pushed: a problem with the gate's fields"},
                         404: {"description": "the digest was never judged, or the tag is not in the registry"},
                         503: {"description": "the registry or the database cannot answer"}})
-    def gate(ref: str = Query(..., description="registry/repository[:tag][@digest]"),
-             release: Optional[str] = Query(None, description="also require the decision to be about this release"),
-             policy: Optional[str] = Query(None, description="also require this gate policy hash (a prefix)")
-             ) -> Response:
-        # Run in the thread pool (database and registry waits overlap). A repeated question costs one indexed
-        # query: the digest's newest decision id, against which the cached answer is still valid or not.
+    async def gate(ref: str = Query(..., description="registry/repository[:tag][@digest]"),
+                   release: Optional[str] = Query(None, description="also require the decision to be about this "
+                                                                    "release"),
+                   policy: Optional[str] = Query(None, description="also require this gate policy hash (a prefix)")
+                   ) -> Response:
+        # The tag (if any) is resolved on the registry pool, the database is read on the database pool. A
+        # repeated question costs one indexed query: the digest's newest decision id, against which the cached
+        # answer is still valid or not.
         try:
             image = parse_reference(ref)
         except InvalidReference as exc:
@@ -173,7 +190,7 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         tag_digest = None
         if image.tag:
             try:
-                tag_digest = resolve_tag(image)
+                tag_digest = await registry_calls.run(lambda: resolve_tag(image), f"resolve {image}")
             except ImageNotFound as exc:
                 return problem(404, str(exc), "/v1/gate", reference=ref, ok=False, verdict=None)
             except RegistryError as exc:
@@ -181,11 +198,15 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
         digest = image.digest or tag_digest
         assert digest is not None
         key = (str(image), digest, tag_digest, release, policy)
-        with engine.connect() as conn:
-            latest = conn.execute(LATEST_DECISION, {"digest": digest}).scalar()
-        answer = answers.get(key, latest) or full_check(key, image, digest, tag_digest, release, policy)
+        answer = await run_in_threadpool(answer_for, key, image, digest, tag_digest, release, policy)
         return Response(answer[1], status_code=answer[0],
                         media_type="application/json" if answer[0] == 200 else problems.MEDIA_TYPE)
+
+    def answer_for(key: tuple[Any, ...], image: ImageRef, digest: str, tag_digest: str | None,
+                   release: str | None, policy: str | None) -> tuple[int, bytes]:
+        with engine.connect() as conn:
+            latest = conn.execute(LATEST_DECISION, {"digest": digest}).scalar()
+        return answers.get(key, latest) or full_check(key, image, digest, tag_digest, release, policy)
 
     def resolve_tag(image: ImageRef) -> str:
         with make_client() as client:
@@ -202,6 +223,9 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
             result = check_push(session, image, digest, tag_digest=tag_digest, release_name=release,
                                 policy_sha256=policy)
         body = gate_answer(result, digest)
+        note = judged_note(image, digest)  # the tag form judged what the tag points to now
+        if note:
+            body["judged"] = note
         status = body.get("status", 200)
         answer = (status, json.dumps(body, default=str, separators=(",", ":")).encode())
         answers.put(key, result.decision, answer)
@@ -209,24 +233,23 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
 
     @app.post("/v1/registry/events", summary="the registry's notifications (bearer token required)",
               responses={**schemas.ok(schemas.EventsAnswer, "the events were recorded (and acted on)"),
-                         400: {"description": "malformed envelope: nothing recorded"},
+                         400: {"description": "not an envelope, or nested too deeply: nothing recorded"},
+                         413: {"description": "larger than 1 MiB"},
+                         503: {"description": "an enforcement failed or the database is down: redeliver"},
                          401: {"description": "no or wrong bearer token"}})
     async def registry_events(request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise HTTPException(413, f"the envelope is larger than {MAX_BODY} bytes")
+        body = parse_json(await read_capped(request, MAX_BODY))  # 413 past the cap, 400 too deep
         try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise HTTPException(400, f"the body is not JSON: {exc}") from None
-        try:
-            results = await run_in_threadpool(webhook.handle, body)
+            results = await asyncio.get_running_loop().run_in_executor(webhook_pool, webhook.handle, body)
         except MalformedEvents as exc:
             raise HTTPException(400, str(exc)) from None
         except SQLAlchemyError as exc:  # nothing committed: the registry delivers the envelope again
             LOG.error("registry events not recorded (database: %s): the registry will retry", type(exc).__name__)
             raise HTTPException(503, "the database cannot record the events now") from None
-        return _json({"events": [r.to_dict() for r in results]})
+        # A failed enforcement answers 503: Distribution redelivers the envelope, and the failed event is tried
+        # again (the others are answered from their rows).
+        failed = any(r.outcome == "failed" for r in results)
+        return _json({"events": [r.to_dict() for r in results]}, 503 if failed else 200)
 
     app.include_router(runs_router(settings, sessions))  # /v1/runs, /v1/runs/{id}, /v1/runs/{id}/report
     return app

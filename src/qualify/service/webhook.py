@@ -1,16 +1,19 @@
 """The Distribution registry's notifications: a push to a protected tag whose digest has no PASS.
 
 The registry (docker-registry, `notifications.endpoints`) POSTs an envelope `{"events": [...]}` after each
-push, pull and delete. Only manifest pushes with a tag to a protected repository/tag pattern matter: each
-is judged with the rules of `gate check` (qualify.gate.push_check.check_push) and recorded in
-`registry_events`. When the digest may not carry that tag and enforcement is on, the tag is re-pointed to
-the previous qualified digest (`revert`; deleted when there is none) or the manifest deleted (`delete`).
+push, pull and delete. The endpoint's token is bound to ONE registry (Settings.webhook_registry): every push is
+placed on that registry, whatever host the event names (`request.host` is the pusher's Host header: recorded,
+never trusted). Only manifest pushes with a tag (any media type) to a protected repository/tag pattern matter:
+each is judged with the rules of `gate check` (qualify.gate.push_check.check_push) and recorded in
+`registry_events`. When the digest may not carry that tag and enforcement is on, the tag is re-pointed to the
+previous qualified digest (`revert`; deleted when there is none) or the manifest deleted (`delete`).
 
-Nothing is half-applied: the whole envelope is validated before anything is recorded (a malformed one is
-refused whole); every change to the registry is preceded by a committed row saying what is about to be done
-(outcome `enforcing`) and followed by its result; a redelivered event (same id) is answered from its row and
-an unfinished one is finished. The tag is re-checked right before the change: when it has moved on since
-the push, nothing is changed (`skipped`).
+One malformed event is recorded as `skipped` with the reason and never refuses the envelope (Distribution
+retries a refused envelope forever, stalling every later push); values are checked against the columns'
+lengths. Every change to the registry is preceded by a committed row saying what is about to be done (outcome
+`enforcing`) and followed by its result; a redelivered event (same id) is answered from its row, and an
+unfinished or failed one is tried again (a failure answers 503, so the registry redelivers). The tag is
+re-checked right before the change: when it has moved on since the push, nothing is changed (`skipped`).
 
 Distribution 2.x cannot delete a tag alone: deleting removes the manifest (by digest) and every tag of that
 repository pointing to it. That is what `delete` (and `revert` without a previous digest) does.
@@ -18,12 +21,14 @@ repository pointing to it. That is what `delete` (and `revert` without a previou
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
-from urllib.parse import urlsplit
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -31,19 +36,34 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from qualify.errors import BadInput
 from qualify.gate.push_check import check_push
-from qualify.imageref import ImageRef, InvalidReference, parse_reference
+from qualify.imageref import ImageRef
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError
-from qualify.registry.client import MANIFEST_TYPES
 from qualify.store.models import Promotion, RegistryEvent, utcnow
 
 LOG = logging.getLogger("qualify.service")
 MAX_EVENTS = 1000  # per envelope (the registry sends small batches)
 _DIGEST = re.compile(r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-fA-F0-9]{32,}$")
 _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+_REPOSITORY = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+
+
+def _width(column: str) -> int:
+    """The database column's length (PostgreSQL enforces it): what the webhook validates against."""
+    length = RegistryEvent.__table__.c[column].type.length  # type: ignore[attr-defined]
+    assert isinstance(length, int)
+    return length
+
+
+FAILED = "enforcement failed:"
+
+
+class _Off(Exception):
+    """Enforcement is off (raised to leave the registry alone)."""
 
 
 class MalformedEvents(BadInput):
-    """The envelope or one of its events is not what the registry sends (HTTP 400; nothing recorded)."""
+    """The envelope itself is not what the registry sends (HTTP 400; nothing recorded). One malformed event
+    inside a well-formed envelope is not this: it is recorded as skipped (qualify.service.webhook.Malformed)."""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -51,15 +71,16 @@ class MalformedEvents(BadInput):
 
 @dataclass(frozen=True)
 class Push:
-    """A manifest push with a tag, as the registry reported it."""
+    """A manifest push with a tag, as the registry reported it, placed on the registry the endpoint is bound to."""
 
     event_id: str
-    registry: str  # host[:port] the pusher used
+    registry: str  # host[:port]: the registry this notification endpoint is bound to (never the event's word)
     repository: str  # path inside the registry
     tag: str
     digest: str
     media_type: str | None
     pushed_by: str | None
+    reported_host: str | None = None  # request.host as the event gave it (the pusher's Host header): recorded only
 
     @property
     def name(self) -> str:
@@ -70,58 +91,79 @@ class Push:
         return ImageRef(self.registry, self.repository, self.tag, None)
 
 
-def _text(obj: dict[str, Any], key: str, where: str, *, required: bool = True) -> str | None:
+@dataclass(frozen=True)
+class Malformed:
+    """An event that cannot be judged: recorded as skipped with the reason; the rest of the envelope goes on."""
+
+    event_id: str
+    reason: str
+    repository: str = ""
+    tag: str = ""
+    digest: str = ""
+
+
+def _clip(value: object, column: str) -> str:
+    text = value if isinstance(value, str) else ("" if value is None else json.dumps(value, default=str))
+    width = _width(column)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _optional(obj: dict[str, Any], key: str, column: str) -> str | None:
     value = obj.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value or len(value) > 1024:
-        raise MalformedEvents(f"{where}: '{key}' must be a non-empty string")
-    return value
+    return _clip(value, column) if isinstance(value, str) and value else None
 
 
-def parse_envelope(body: Any) -> list[Push]:
-    """Every manifest push with a tag in the envelope; MalformedEvents when any event is malformed."""
+def _event_id(event: Any) -> str:
+    """The registry's id when usable; else a stable id from the event's content (a redelivery maps to it too)."""
+    given = event.get("id") if isinstance(event, dict) else None
+    if isinstance(given, str) and given and len(given) <= _width("event_id") and given.isprintable():
+        return given
+    body = json.dumps(event, sort_keys=True, default=str).encode()
+    return "malformed-" + hashlib.sha256(body).hexdigest()[:40]
+
+
+def parse_event(event: Any, registry: str, where: str) -> Push | Malformed | None:
+    """One event: a Push to judge, None when it moved no tag (pulls, deletes, blobs, pushes by digest), or
+    Malformed with the reason. The registry the push landed on is `registry` (the endpoint's binding)."""
+    event_id = _event_id(event)
+    if not isinstance(event, dict):
+        return Malformed(event_id, f"{where} is not an object")
+    target = event.get("target")
+    if not isinstance(target, dict):
+        return Malformed(event_id, f"{where}: 'target' must be an object")
+    action, tag = event.get("action"), target.get("tag")
+    if action != "push" or tag in (None, ""):
+        return None  # no tag moved (a tag exists only on manifest pushes, whatever the media type says)
+    repository, digest = target.get("repository"), target.get("digest")
+    found = Malformed(event_id, "", _clip(f"{registry}/{repository}", "repository"), _clip(tag, "tag"),
+                      _clip(digest, "digest"))
+    if event.get("id") != event_id:
+        return dataclasses.replace(found, reason=f"{where}: 'id' must be a string of 1-{_width('event_id')} "
+                                                 "printable characters")
+    if not isinstance(repository, str) or not _REPOSITORY.match(repository) \
+            or len(registry) + 1 + len(repository) > _width("repository"):
+        return dataclasses.replace(found, reason=f"{where}.target: 'repository' {_clip(repository, 'tag')!r} is "
+                                                 "not a repository path that fits")
+    if not isinstance(tag, str) or not _TAG.match(tag):
+        return dataclasses.replace(found, reason=f"{where}.target: 'tag' {_clip(tag, 'tag')!r} is not a tag")
+    if not isinstance(digest, str) or not _DIGEST.match(digest) or len(digest) > _width("digest"):
+        return dataclasses.replace(found, reason=f"{where}.target: 'digest' {_clip(digest, 'tag')!r} is not a digest")
+    request = event.get("request") if isinstance(event.get("request"), dict) else {}
+    actor = event.get("actor") if isinstance(event.get("actor"), dict) else {}
+    return Push(event_id, registry, repository, tag, digest, _optional(target, "mediaType", "media_type"),
+                _optional(actor, "name", "pushed_by"), _optional(request, "host", "repository"))
+
+
+def parse_envelope(body: Any, registry: str) -> list[Push | Malformed]:
+    """The envelope's pushes with a tag and its malformed events; MalformedEvents only when the envelope itself
+    is not `{"events": [...]}` (a registry never sends that)."""
     if not isinstance(body, dict) or not isinstance(body.get("events"), list):
         raise MalformedEvents("the body must be a JSON object with an 'events' list")
     events = body["events"]
     if len(events) > MAX_EVENTS:
         raise MalformedEvents(f"{len(events)} events in one envelope: at most {MAX_EVENTS}")
-    pushes: list[Push] = []
-    for k, event in enumerate(events):
-        where = f"events[{k}]"
-        if not isinstance(event, dict):
-            raise MalformedEvents(f"{where} is not an object")
-        event_id = _text(event, "id", where)
-        action = _text(event, "action", where)
-        target = event.get("target")
-        if not isinstance(target, dict):
-            raise MalformedEvents(f"{where}: 'target' must be an object")
-        repository = _text(target, "repository", f"{where}.target")
-        media_type = target.get("mediaType")
-        tag = target.get("tag")
-        if action != "push" or not tag or (media_type and media_type not in MANIFEST_TYPES):
-            continue  # pulls, deletes, blobs and pushes by digest: no tag moved
-        if not isinstance(tag, str) or not _TAG.match(tag):
-            raise MalformedEvents(f"{where}.target: 'tag' {tag!r} is not a tag")
-        digest = _text(target, "digest", f"{where}.target")
-        assert digest is not None and event_id is not None and repository is not None
-        if not _DIGEST.match(digest):
-            raise MalformedEvents(f"{where}.target: 'digest' {digest!r} is not a digest")
-        request = event.get("request") if isinstance(event.get("request"), dict) else {}
-        host = request.get("host") if isinstance(request.get("host"), str) else None
-        if not host and isinstance(target.get("url"), str):
-            host = urlsplit(target["url"]).netloc or None
-        if not host:
-            raise MalformedEvents(f"{where}: no registry host (request.host or target.url)")
-        try:
-            parse_reference(f"{host}/{repository}:{tag}@{digest}")
-        except InvalidReference as exc:
-            raise MalformedEvents(f"{where}: {exc}") from None
-        actor = event.get("actor") if isinstance(event.get("actor"), dict) else {}
-        pushed_by = actor.get("name") if isinstance(actor.get("name"), str) else None
-        pushes.append(Push(event_id, host, repository, tag, digest,
-                           media_type if isinstance(media_type, str) else None, pushed_by))
-    return pushes
+    parsed = (parse_event(event, registry, f"events[{k}]") for k, event in enumerate(events))
+    return [p for p in parsed if p is not None]
 
 
 def is_protected(push: Push, patterns: Sequence[tuple[str, str]]) -> bool:
@@ -172,26 +214,33 @@ class Webhook:
     patterns: Sequence[tuple[str, str]]
     enforce: str = "off"  # off | revert | delete
     client_factory: Callable[[], EnforcingClient] = field(default=lambda: EnforcingClient())
+    # The registry (host:port) this endpoint's token is bound to: every push is placed there, and only there is
+    # anything changed, whatever host the event names (Distribution copies it from the pusher's Host header).
+    registry: str = ""
 
     def handle(self, body: Any, _again: bool = True) -> list[EventResult]:
-        pushes = [p for p in parse_envelope(body) if is_protected(p, self.patterns)]
+        parsed = parse_envelope(body, self.registry)
+        events = [p for p in parsed if isinstance(p, Malformed) or is_protected(p, self.patterns)]
         results: list[EventResult] = []
         planned: list[tuple[int, Push]] = []
         # 1. Judge and record every event of the envelope in one transaction (intent before any change).
         with self.sessions() as session:
-            for push in pushes:
-                existing = session.scalar(select(RegistryEvent).where(RegistryEvent.event_id == push.event_id))
-                if existing is not None and existing.outcome != "enforcing":
+            for event in events:
+                existing = session.scalar(select(RegistryEvent).where(RegistryEvent.event_id == event.event_id))
+                if existing is not None and (existing.outcome not in ("enforcing", "failed")
+                                             or isinstance(event, Malformed)):
                     results.append(_result(existing, replayed=True))
                     continue
-                if existing is not None:  # an earlier delivery stopped between intent and outcome: finish it
-                    planned.append((existing.id, push))
+                if existing is not None:  # an earlier delivery stopped or failed before its outcome: finish it
+                    assert isinstance(event, Push)
+                    planned.append((existing.id, event))
                     continue
-                row = self._judge(session, push)
+                row = _skip(event) if isinstance(event, Malformed) else self._judge(session, event)
                 session.add(row)
                 session.flush()
                 if row.outcome == "enforcing":
-                    planned.append((row.id, push))
+                    assert isinstance(event, Push)
+                    planned.append((row.id, event))
                 else:
                     results.append(_result(row))
                     _log(row)
@@ -213,23 +262,28 @@ class Webhook:
                             digest=push.digest, media_type=push.media_type, pushed_by=push.pushed_by,
                             verdict=check.verdict.value if check.verdict else None, decision_id=check.decision,
                             received_at=utcnow())
+        reported = (f" [the event named host {push.reported_host!r}; this endpoint is bound to {push.registry}]"
+                    if push.reported_host and push.reported_host != push.registry else "")
         if check.ok:
-            row.outcome, row.detail = "allowed", f"qualified: decision {check.decision} of run {check.run} is PASS"
+            row.outcome = "allowed"
+            row.detail = f"qualified: decision {check.decision} of run {check.run} is PASS{reported}"
             row.decided_at = utcnow()
             return row
         why = ("never judged by the gate" if check.verdict is None else
                f"latest decision {check.decision} (run {check.run}) is {check.verdict.value}")
         why = "; ".join([why, *check.problems])
         if self.enforce == "off":
-            row.outcome, row.detail = "recorded", f"not qualified ({why}); enforcement is off"
+            row.outcome, row.detail = "recorded", f"not qualified ({why}); enforcement is off{reported}"
             row.decided_at = utcnow()
         else:
-            row.outcome, row.detail = "enforcing", f"not qualified ({why}); enforcing: {self.enforce}"
+            row.outcome, row.detail = "enforcing", f"not qualified ({why}); enforcing: {self.enforce}{reported}"
         return row
 
     def _enforce(self, row_id: int, push: Push) -> EventResult:
         outcome, previous, detail = "failed", None, ""
         try:
+            if self.enforce == "off":  # a failed event redelivered after enforcement was turned off
+                raise _Off
             with self.client_factory() as client:
                 current = client.digest_if_exists(push.ref)
                 if current != push.digest:
@@ -249,13 +303,15 @@ class Webhook:
                         detail = ("manifest deleted (with every tag of the repository on it): "
                                   + ("no previous qualified digest to re-point to" if self.enforce == "revert"
                                      else "enforcement is delete"))
+        except _Off:
+            outcome, detail = "recorded", "enforcement is off now: recorded only"
         except (RegistryError, OSError) as exc:
-            outcome, detail = "failed", f"enforcement failed: {type(exc).__name__}: {exc}"
+            outcome, detail = "failed", f"{FAILED} {type(exc).__name__}: {exc} (the registry will redeliver it)"
         with self.sessions() as session:
             row = session.get(RegistryEvent, row_id)
             assert row is not None
             row.outcome, row.previous_digest = outcome, previous
-            row.detail = f"{row.detail}; {detail}"
+            row.detail = f"{row.detail.split('; ' + FAILED)[0]}; {detail}"  # a retry replaces the last failure
             row.decided_at = utcnow()
             session.commit()
             _log(row)
@@ -283,6 +339,13 @@ class Webhook:
             if digest not in seen:
                 seen.add(digest)
                 yield digest
+
+
+def _skip(event: Malformed) -> RegistryEvent:
+    now = utcnow()
+    return RegistryEvent(event_id=event.event_id, action="push", repository=event.repository, tag=event.tag,
+                         digest=event.digest, outcome="skipped", received_at=now, decided_at=now,
+                         detail=f"malformed event, not judged: {event.reason}")
 
 
 def _result(row: RegistryEvent, replayed: bool = False) -> EventResult:

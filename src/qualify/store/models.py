@@ -223,3 +223,13 @@ class RegistryEvent(Base):
     previous_digest: Mapped[str | None] = mapped_column(String(160))  # what the tag was re-pointed to
     detail: Mapped[str] = mapped_column(Text, default="")
     decided_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))  # when the outcome was final
+
+
+class DatabaseIdentity(Base):
+    """One row: the UUID made when this database's schema was created (qualify.store.identity)."""
+
+    __tablename__ = "database_identity"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_database_identity_one_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(32))
