@@ -38,7 +38,7 @@ nav{font-size:13px;padding:8px 0;border-bottom:1px solid #d0d7de}
 nav a{margin-right:12px;color:#0969da;text-decoration:none}
 .PASS{color:#1a7f37}.FAIL{color:#cf222e;font-weight:600}.INCOMPLETE{color:#9a6700;font-weight:600}
 .WAIVED,.NO-BASELINE{color:#57606a}
-.regression{color:#cf222e;font-weight:600}.improvement{color:#1a7f37}.noise{color:#57606a}
+.regression{color:#cf222e;font-weight:600}.improvement{color:#1a7f37}.within-tolerance{color:#1a7f37}.undecided{color:#9a6700}
 .missing,.not-comparable{color:#9a6700}
 tr.bad td{background:#ffebe9}
 details{margin:8px 0}summary{cursor:pointer;color:#0969da}
@@ -263,21 +263,25 @@ def _baseline(d: dict[str, Any]) -> str:
            f"{view['baseline_mode']}: the previous release's stored results")
     pol = view["policy"]
     out.append(f"<p>Baseline: run {a['run_id']} of {esc(a['label'])} (digest <code>{esc(a['digest'] or 'n/a')}"
-               f"</code>), {esc(how)}. Rule: a regression is a change beyond {pol['max_regression']:.0%} that is "
-               f"significant (one-sided Welch t-test on the launches' logs, p &lt; {pol['alpha']:g}) with ≥ {pol['min_samples']} "
-               f"samples a side, else beyond the noise floor {pol['noise_floor']:.0%}. Ratio = candidate median / "
-               f"baseline median, 90% bootstrap interval.</p>")
+               f"</code>), {esc(how)}. Rule (qualify.gate.noninferiority): change = candidate / baseline − 1 in "
+               f"the metric's better direction, with one-sided bounds over the two runs (the fingerprint's calibrated "
+               f"run-to-run variation included; alpha {pol['alpha']:g} over all looks, first look at "
+               f"{pol['min_samples']} launches, budget {pol['max_launches']}). PASS when the worst end is within "
+               f"−{pol['max_regression']:.0%}, FAIL when even the best end is beyond it, otherwise undecided "
+               f"(INCOMPLETE).</p>")
     rows, classes = [], []
     for r in view["rows"]:
-        interval = (f"[{r['ratio_low']:.3f} .. {r['ratio_high']:.3f}]" if r.get("ratio_low") is not None else "n/a")
+        interval = (f"{r['change_worst'] * 100:+.1f}% .. {r['change_best'] * 100:+.1f}%"
+                    if r.get("change_worst") is not None else "n/a")
         rows.append([esc(r["case_id"]), esc(r["metric"]), _n(r["median_a"]), _n(r["median_b"]),
-                     esc(f"{r['ratio']:.3f}" if r.get("ratio") is not None else "n/a"), esc(interval),
-                     esc(f"{r['p_value']:.3g}" if r.get("p_value") is not None else "n/a"),
+                     esc(f"{r['change'] * 100:+.1f}%" if r.get("change") is not None else "n/a"), esc(interval),
+                     esc(f"≥ {r['could_see']:.0%}" if r.get("could_see") is not None else "n/a"),
                      esc(f"{r['n_b']} vs {r['n_a']}"),
                      f"<span class='{esc(r['call'].replace(' ', '-'))}'>{esc(r['call'])}</span>",
                      _status(r.get("gate_status")), esc(r["message"])])
         classes.append("bad" if r["call"] == "regression" else "")
-    out.append(_table(["case", "metric", "baseline", "candidate", "ratio", "interval", "p", "samples", "call",
+    out.append(_table(["case", "metric", "baseline", "candidate", "change", "worst .. best", "could see", "launches",
+                       "call",
                        "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "num", "num", "", "", ""], row_classes=classes))
     out.append(_img(charts.baseline_chart(view["rows"], f"change against run {a['run_id']} ({a['label']})"),
@@ -289,11 +293,13 @@ def _baseline(d: dict[str, Any]) -> str:
 def _paired(rows_in: list[dict[str, Any]], pol: dict[str, Any]) -> str:
     """gate.regression.baseline: paired -- the previous release measured beside the candidate, launch by launch."""
     out = ["<section id='baseline'><h2>Comparison with the baseline (paired)</h2>",
-           "<p>The previous release's image was measured on the same node as the candidate, launches interleaved "
-           "A B A B, so that the machine's state is the same for both sides of a pair. Rule: a regression is a "
-           f"median pair change beyond {pol.get('max_regression', 0):.0%} that is significant (one-sided paired "
-           f"t-test on the log ratios, p &lt; {pol.get('alpha', 0.05):g}) with ≥ {pol.get('min_samples')} pairs, "
-           f"else beyond the noise floor {pol.get('noise_floor', 0):.0%}.</p>"]
+           "<p>The previous release's image was measured on the same node as the candidate, launches in "
+           "counterbalanced order (A B B A B A A B ...), so that the machine's state is the same for both sides of a "
+           "pair and an order effect cannot pass for a regression. Rule (qualify.gate.noninferiority): change = "
+           "candidate / baseline − 1 in the better direction, Student-t bounds on the mean log pair ratio at the "
+           f"sequential look's level (alpha {pol.get('alpha', 0.05):g} over all looks, first look at "
+           f"{pol.get('min_samples')} pairs, budget {pol.get('max_launches')}); PASS when the worst end is within "
+           f"−{pol.get('max_regression', 0):.0%}, FAIL when even the best end is beyond it, else INCOMPLETE.</p>"]
     if not rows_in:
         out.append("<p class='note'>no paired comparison was recorded</p></section>")
         return "".join(out)
@@ -303,12 +309,13 @@ def _paired(rows_in: list[dict[str, Any]], pol: dict[str, Any]) -> str:
         pairs = " ".join(f"{c:.4g}/{b:.4g}" for c, b in zip(cand, base)) or "n/a"
         rows.append([esc(r.get("case_id") or ""), esc(r.get("metric") or ""), _n(r.get("median_baseline")),
                      _n(r.get("median_candidate")),
-                     esc(f"{r['ratio']:.3f}" if r.get("ratio") is not None else "n/a"),
-                     esc(f"{r['p_value']:.3g}" if r.get("p_value") is not None else "n/a"), esc(pairs),
+                     esc(f"{r['change'] * 100:+.1f}%" if r.get("change") is not None else "n/a"),
+                     esc(f"{r['change_worst'] * 100:+.1f}% .. {r['change_best'] * 100:+.1f}%"
+                         if r.get("change_worst") is not None else "n/a"), esc(pairs),
                      esc(" ".join(r.get("order") or []) or "n/a"), esc(r.get("baseline") or "n/a"),
                      _status(r.get("status")), esc(r.get("message") or "")])
         classes.append("bad" if r.get("status") == "FAIL" else "")
-    out.append(_table(["case", "metric", "baseline median", "candidate median", "median pair ratio", "p",
+    out.append(_table(["case", "metric", "baseline median", "candidate median", "change", "worst .. best",
                        "pairs (candidate/baseline)", "order", "baseline image", "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "", "", "", "", ""], row_classes=classes))
     out.append("</section>")

@@ -37,7 +37,7 @@ BASE_MANIFEST: dict[str, Any] = {
     "gate": {
         "thresholds": [{"cases": "train/*", "metric": "tokens_per_s", "min": 100},
                        {"cases": "infer/*", "metric": "latency_s_p90", "max": 2.0}],
-        "regression": {"max_regression": 0.05, "alpha": 0.05, "min_samples": 5, "noise_floor": 0.2},
+        "regression": {"max_regression": 0.05, "alpha": 0.05, "min_samples": 3},
         "variant_gains": [{"variant": "compile", "baseline": "base", "min_gain": 0.1}],
         "agreement": {"w8a8": 0.9},
     },
@@ -108,6 +108,16 @@ def good_doc(case: Case, *, scale: float = 1.0, seed: int = 0, n: int = 5, noise
     series = noisy(1.0 * scale, n, noise, seed)
     return result_doc(case, metrics={"wall_s": float(np.median(series))},
                       samples={"wall_s": series, "per_launch.wall_s": series})
+
+
+def calibrated(results: dict[str, ResultData], sd_run: float = 0.005, df: float = 20) -> dict[str, Any]:
+    """The gate's calibrations mapping for these results: every metric of every result's fingerprint has a
+    measured run-to-run variation of sd_run (what `qualify calibrate` would have stored)."""
+    from qualify.gate import calibration
+    from qualify.gate.noninferiority import RunVariation
+
+    return {calibration.lookup(r.fingerprint, metric): RunVariation(sd_run, df)
+            for r in results.values() for metric in r.metrics}
 
 
 def as_result(case: Case, doc: dict[str, Any]) -> ResultData:

@@ -28,7 +28,7 @@ def compare(ref_a: str = typer.Argument(..., metavar="REF_A", help="the referenc
                                                        help="compare these metrics (default: B's regression metrics)"),
             as_json: bool = JsonOption) -> None:
     """Per case and metric: both medians, the ratio B/A with its 90% interval, and whether the gate's rule calls
-    it a regression, an improvement or noise. A tag stands for its newest PASS run (else its newest finished run)."""
+    it a regression, within tolerance, an improvement or undecided (the gate's rule). A tag stands for its newest PASS run (else its newest finished run)."""
     with open_db(db, migrate=False)() as session:
         a, b = _resolve_pair(session, ref_a, ref_b, repository)
         result = compare_runs(session, a, b, metric or None)
@@ -39,20 +39,21 @@ def compare(ref_a: str = typer.Argument(..., metavar="REF_A", help="the referenc
         say(f"{side}: run {run.run_id} {run.label} ({run.how}), verdict {run.verdict or 'none'}, "
             f"digest {run.digest or 'n/a'}")
     p = result.policy
-    say(f"rule (B's policy, baseline mode {result.baseline_mode}): a regression is worse by more than "
-        f"{p['max_regression']:.0%} and significant (one-sided Welch t-test on the launches' logs, p < {p['alpha']:g}) with >= "
-        f"{p['min_samples']} samples a side, else worse than the noise floor {p['noise_floor']:.0%}; "
-        "an improvement is the same rule the other way round")
+    say(f"rule (B's policy, the gate's history mode; baseline mode {result.baseline_mode}): change = B/A - 1 in the "
+        f"metric's better direction, with one-sided bounds (alpha {p['alpha']:g}) over the two runs, the "
+        f"fingerprint's calibrated run-to-run variation included; a regression when even the best end is below "
+        f"-{p['max_regression']:.0%}, within tolerance when the worst end is above it, an improvement when the worst "
+        f"end is above +{p['max_regression']:.0%}, otherwise undecided (always undecided without a calibration)")
     width = max([len(r.case_id) for r in result.rows] + [4])
     mwidth = max([len(r.metric) for r in result.rows] + [6])
-    say(f"{'case':<{width}}  {'metric':<{mwidth}}  {'A median':>10}  {'B median':>10}  {'B/A':>6}  "
-        f"{'90% interval':<16}  {'p':>7}  {'n B/A':>6}  call")
+    say(f"{'case':<{width}}  {'metric':<{mwidth}}  {'A median':>10}  {'B median':>10}  {'change':>7}  "
+        f"{'worst .. best':<17}  {'n B/A':>6}  call")
     for r in result.rows:
-        interval = f"[{r.ratio_low:.3f}, {r.ratio_high:.3f}]" if r.ratio_low is not None else "n/a"
+        interval = f"{r.change_worst * 100:+.1f}% .. {r.change_best * 100:+.1f}%" if r.change_worst is not None else "n/a"
         say(f"{r.case_id:<{width}}  {r.metric:<{mwidth}}  {fmt_number(r.median_a):>10}  {fmt_number(r.median_b):>10}  "
-            f"{(f'{r.ratio:.3f}' if r.ratio is not None else 'n/a'):>6}  {interval:<16}  "
-            f"{(f'{r.p_value:.3g}' if r.p_value is not None else 'n/a'):>7}  {f'{r.n_b}/{r.n_a}':>6}  {r.call}"
-            + (f" ({r.message})" if r.call in ("missing", "not comparable") else ""))
+            f"{(f'{r.change * 100:+.1f}%' if r.change is not None else 'n/a'):>7}  {interval:<17}  "
+            f"{f'{r.n_b}/{r.n_a}':>6}  {r.call}"
+            + (f" ({r.message})" if r.call in ("missing", "not comparable", "undecided") else ""))
     counts = result.counts()
     say("summary: " + (", ".join(f"{n} {call}" for call, n in sorted(counts.items())) or "nothing to compare"))
 
