@@ -57,6 +57,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
+from qualify.numbers import signed_pct
 from qualify.metrics import Direction
 
 # The power the "could see" figure and the "would need" estimate are stated at.
@@ -258,7 +259,7 @@ class Outcome:
 
     def describe(self) -> str:
         iv = self.interval
-        head = (f"change {_pct(iv.change)} ({1 - iv.alpha:.4g} one-sided bounds {_pct(iv.worst)} .. {_pct(iv.best)}; "
+        head = (f"change {signed_pct(iv.change)} ({1 - iv.alpha:.4g} one-sided bounds {signed_pct(iv.worst)} .. {signed_pct(iv.best)}; "
                 f"{iv.n} {iv.unit}, {iv.design})")
         if self.decision is Decision.PASS:
             tail = f"non-inferiority shown: the worst end is within -{self.max_regression:.0%}"
@@ -276,10 +277,6 @@ class Outcome:
                     tail += (f" ({spread}: deciding needs about {self.needed} {iv.unit}"
                              + (f"; budget {self.budget}" if self.budget else "") + ")")
         return f"{head}: {tail}; could see >= {self.could_see:.0%} here; {iv.n} {iv.unit}"
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:+.1f}%"
 
 
 def judge(interval: Interval, max_regression: float, *, alpha: float, budget: int | None = None) -> Outcome:

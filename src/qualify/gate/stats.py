@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from qualify.gate import noninferiority as ni
+from qualify.numbers import signed_pct
 from qualify.metrics import (
     RECOMMENDED_ALPHA,
     RECOMMENDED_MAX_LAUNCHES,
@@ -85,10 +86,6 @@ def plan(min_samples: int, max_launches: int, alpha: float, n: int) -> ni.Plan:
     return ni.Plan(first, max(first, max_launches, n), alpha)
 
 
-def _pct(x: float) -> str:
-    return f"{x * 100:+.1f}%"
-
-
 def _undecided(common: dict[str, Any], problem: str) -> Comparison:
     return Comparison(**common, outcome=None, problem=problem, message=f"cannot decide: {problem}")
 
@@ -110,7 +107,7 @@ def compare_pairs(candidate: Sequence[float], baseline: Sequence[float], directi
     if interval is None:
         return _undecided(common, f"only {len(logs)} pairs (< {look.first}, gate.regression.min_samples)")
     outcome = ni.judge(interval, max_regression, alpha=alpha, budget=look.budget)
-    each = ", ".join(_pct(math.expm1(x)) for x in logs)
+    each = ", ".join(signed_pct(math.expm1(x)) for x in logs)
     return Comparison(**common, outcome=outcome, problem=None,
                       message=f"paired (pair changes {each}): {outcome.describe()}")
 
@@ -131,7 +128,7 @@ def compare_history(candidate: Sequence[float], baseline: Sequence[float], direc
     change = math.exp(statistics.fmean(math.log(v) for v in cand) - statistics.fmean(math.log(v) for v in base))
     change = change - 1 if direction == "higher" else 1 / change - 1
     if variation is None:
-        return _undecided(common, f"change {_pct(change)} over {len(cand)} vs {len(base)} launches, but the "
+        return _undecided(common, f"change {signed_pct(change)} over {len(cand)} vs {len(base)} launches, but the "
                                   f"run-to-run variation of this fingerprint is not known, so two runs cannot be "
                                   f"told apart: {CALIBRATE_HINT}")
     look = plan(min_samples, max_launches, alpha, len(cand))
