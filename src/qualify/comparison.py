@@ -285,6 +285,7 @@ class HistoryPoint:
     high: float | None
     n: int
     fingerprint_changes: list[str]  # against the previous point that had a fingerprint; empty: unchanged
+    fingerprint_key: str = ""  # qualify.gate.calibration.key: what its calibrations are filed under
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -323,7 +324,7 @@ def case_history(session: Session, case_id: str, metric: str | None = None, *, r
         points.append(HistoryPoint(run.id, release.repository, release.tag, run.candidate_digest, run.started_at,
                                    result.status, verdicts.get(run.id), stats.median(series),
                                    min(series) if series else None, max(series) if series else None, len(series),
-                                   changes))
+                                   changes, calibration.key(data.fingerprint)))
     return metric, points
 
 
@@ -335,3 +336,40 @@ def _latest_verdicts(session: Session, run_ids: list[int]) -> dict[int, str]:
     rows = session.execute(select(GateDecision.run_id, GateDecision.verdict)
                            .join(latest, latest.c.id == GateDecision.id)).all()
     return {run_id: verdict for run_id, verdict in rows}
+
+
+# --------------------------------------------------------------------------- calibrations
+
+
+@dataclass(frozen=True)
+class CalibrationView:
+    """What `qualify calibrate` measured for one fingerprint and metric (the newest), as `history` shows it."""
+
+    fingerprint_key: str
+    metric: str
+    created_at: str
+    image: str
+    runs: int
+    launches: int
+    sd_run: float
+    sd_launch: float
+    false_alarm_rate: float
+    aa_comparisons: int
+    slowdown: float
+    detection_rate: float | None
+    detectable: float
+
+    def line(self) -> str:
+        detected = f"{self.detection_rate:.0%}" if self.detection_rate is not None else "n/a"
+        return (f"calibrated {self.created_at[:19]} ({self.fingerprint_key[:12]}): {self.runs} A/A runs of "
+                f"{self.launches} launches, run-to-run {self.sd_run:.2%}, launch sd {self.sd_launch:.2%}; "
+                f"realized false alarms {self.false_alarm_rate:.0%} of {self.aa_comparisons} A/A pairs; "
+                f"slowdown {self.slowdown:.0%} detected in {detected}; could see >= {self.detectable:.0%} "
+                "(90% power)")
+
+
+def calibration_views(session: Session, keys: Sequence[str], metric: str) -> list[CalibrationView]:
+    rows = repo.latest_calibrations(session, [k for k in dict.fromkeys(keys) if k])
+    return [CalibrationView(r.fingerprint_key, r.metric, r.created_at.isoformat() if r.created_at else "", r.image,
+                            r.runs, r.launches, r.sd_run, r.sd_launch, r.false_alarm_rate, r.aa_comparisons,
+                            r.slowdown, r.detection_rate, r.detectable) for r in rows if r.metric == metric]

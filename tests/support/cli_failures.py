@@ -33,6 +33,11 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.delenv("QUALIFY_SERVICE_TOKEN", raising=False)  # `serve --host 0.0.0.0` must refuse, not start
     bad = tmp_path / "bad.yaml"
     bad.write_text("release: {name: x}\n")
+    good = tmp_path / "good.yaml"
+    good.write_text(manifest_text(build={"builder": "local"}, training=None, inference=None,
+                                  custom_cases=[{"name": "s", "kind": "synthetic",
+                                                 "params": {"samples": {"tokens_per_s": [1.0]}}}],
+                                  gate={"regression": {"min_samples": 3}}))
     (tmp_path / "unmigrated.db").touch()
     from qualify.store.engine import open_database
 
@@ -40,7 +45,7 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     with sessions() as s:
         unjudged = seed_run(s, manifest_text(), digest="sha256:" + "2" * 64).id
         s.commit()
-    return {"db": db, "bad": str(bad), "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
+    return {"db": db, "bad": str(bad), "good": str(good), "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
             "down": f"postgresql://postgres@127.0.0.1:{closed_port()}/none", "unjudged": str(unjudged),
             "port": str(closed_port())}
 
@@ -75,6 +80,10 @@ FAILURES = [  # OFFLINE + NETWORK
     (["compare", "run:424242", "1.1"], BAD, "no run 424242"),
     (["history", "train/nope/base"], BAD, "no result for case"),
     (["history", "train/tiny/base", "--metric", "furlongs"], BAD, "unknown metric"),
+    (["calibrate", "{bad}"], BAD, "bad.yaml"),
+    (["calibrate", "{good}", "--runs", "2"], BAD, "--runs"),
+    (["calibrate", "{good}", "--slowdown", "1.5"], BAD, "--slowdown"),
+    (["calibrate", "{good}", "--case", "nope/*"], BAD, "matches no"),
     (["serve", "--host", "0.0.0.0"], BAD, "not loopback"),
     (["serve", "--enforce", "maybe"], BAD, "off, revert, delete"),
     (["serve", "--db", "{down}"], INFRA, "cannot connect"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from qualify.cli import manifests
+from qualify.cli.calibrate import calibrate
 from qualify.cli.common import QualifyGroup
 from qualify.cli.compare import compare, history
 from qualify.cli.db import db_app
@@ -28,6 +29,7 @@ app.command("promote")(promote)
 app.command("report")(report)
 app.command("compare")(compare)
 app.command("history")(history)
+app.command("calibrate")(calibrate)
 app.command("serve")(serve)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")

@@ -6,6 +6,7 @@ here, not a refusal: the gate decides), 2 for an unknown reference or case, 3 wh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -13,7 +14,7 @@ from typing import Optional
 import typer
 
 from qualify.cli.common import DbOption, JsonOption, open_db, say
-from qualify.comparison import case_history, compare_runs, resolve_ref
+from qualify.comparison import calibration_views, case_history, compare_runs, resolve_ref
 from qualify.errors import BadInput
 from qualify.report.views import fmt_number
 
@@ -83,6 +84,7 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
         raise BadInput(f"unknown metric {metric!r} (known: {', '.join(sorted(metric_info.METRICS))})")
     with open_db(db, migrate=False)() as session:
         metric, points = case_history(session, case_id, metric, repository=repository, limit=limit)
+        calibrations = calibration_views(session, [p.fingerprint_key for p in points], metric)
     if png is not None:
         from qualify.report.charts import history_chart
 
@@ -90,7 +92,8 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
         png.write_bytes(history_chart(case_id, metric, [p.to_dict() for p in points]))
     if as_json:
         print(json.dumps({"case_id": case_id, "metric": metric, "direction": metric_info.direction(metric),
-                          "png": str(png) if png else None, "points": [p.to_dict() for p in points]},
+                          "png": str(png) if png else None, "points": [p.to_dict() for p in points],
+                          "calibrations": [dataclasses.asdict(c) for c in calibrations]},
                          indent=2, default=str))
         return
     say(f"{case_id} {metric} ({metric_info.direction(metric)} is better), {len(points)} runs, oldest first")
@@ -103,5 +106,9 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
                   if p.fingerprint_changes else "same" if k else "first shown")
         say(f"{p.run_id:>5}  {p.tag:<12}  {p.verdict or 'none':<10}  {p.result_status:<7}  {fmt_number(p.median):>10}  "
             f"{span:<21}  {p.n:>3}  {(p.digest or 'n/a')[:14]:<14} {change}")
+    for view in calibrations:
+        say(view.line())
+    if not calibrations:
+        say("no calibration for these fingerprints: history mode cannot decide (qualify calibrate MANIFEST)")
     if png is not None:
         say(f"chart: {png.resolve()}")

@@ -259,8 +259,8 @@ class Outcome:
 
     def describe(self) -> str:
         iv = self.interval
-        head = (f"change {signed_pct(iv.change)} ({1 - iv.alpha:.4g} one-sided bounds {signed_pct(iv.worst)} .. {signed_pct(iv.best)}; "
-                f"{iv.n} {iv.unit}, {iv.design})")
+        head = (f"change {signed_pct(iv.change)} (one-sided {(1 - iv.alpha) * 100:.3g}% bounds "
+                f"{signed_pct(iv.worst)} .. {signed_pct(iv.best)}; {iv.n} {iv.unit}, {iv.design})")
         if self.decision is Decision.PASS:
             tail = f"non-inferiority shown: the worst end is within -{self.max_regression:.0%}"
         elif self.decision is Decision.FAIL:
