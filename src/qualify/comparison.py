@@ -369,7 +369,8 @@ class CalibrationView:
 
 
 def calibration_views(session: Session, keys: Sequence[str], metric: str) -> list[CalibrationView]:
+    """The newest calibration of each fingerprint key for `metric` ("*": every metric)."""
     rows = repo.latest_calibrations(session, [k for k in dict.fromkeys(keys) if k])
     return [CalibrationView(r.fingerprint_key, r.metric, r.created_at.isoformat() if r.created_at else "", r.image,
                             r.runs, r.launches, r.sd_run, r.sd_launch, r.false_alarm_rate, r.aa_comparisons,
-                            r.slowdown, r.detection_rate, r.detectable) for r in rows if r.metric == metric]
+                            r.slowdown, r.detection_rate, r.detectable) for r in rows if metric in ("*", r.metric)]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.flows import db_rows, results, run_qualify
+from support.flows import case_regression, db_rows, results, run_json, run_qualify
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
 
@@ -44,46 +44,36 @@ def _manifest(path: Path, tag: str, previous: str | None, figures: list[float], 
     return path
 
 
-def _run(tmp: Path, db: str, manifest: Path) -> tuple[int, dict[str, Any]]:
-    res = run_qualify(["run", str(manifest), "--db", db, "--json"], tmp)
-    assert "Traceback" not in res.stderr, res.stderr
-    return res.returncode, json.loads(res.stdout)
-
-
-def _regression(outcome: dict[str, Any]) -> dict[str, Any]:
-    return next(r for r in outcome["reasons"] if r["check"] == "regression" and r.get("case_id"))
-
-
 def test_paired_scenarios_decide_by_the_interval(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
-    code, first = _run(tmp_path, db, _manifest(tmp_path / "b.yaml", "1.0", None, ONE, baseline="optional"))
+    code, first = run_json(tmp_path, db, _manifest(tmp_path / "b.yaml", "1.0", None, ONE, baseline="optional"))
     assert (code, first["verdict"]) == (0, "PASS"), first["reasons"]
 
     # A 15% drop is never PASS, whatever min_samples (no noise-floor shortcut left).
     for k, min_samples in enumerate((2, 5)):
-        code, out = _run(tmp_path, db, _manifest(tmp_path / f"d{k}.yaml", f"1.{k + 1}", "1.0", ONE, drop=0.15,
+        code, out = run_json(tmp_path, db, _manifest(tmp_path / f"d{k}.yaml", f"1.{k + 1}", "1.0", ONE, drop=0.15,
                                                  min_samples=min_samples, launches=max(3, min_samples)))
-        reason = _regression(out)
+        reason = case_regression(out)
         assert (code, out["verdict"], reason["status"]) == (1, "FAIL", "FAIL"), out["reasons"]
         assert "regression shown" in reason["message"] and "could see >=" in reason["message"]
         assert reason["figures"]["change"] == pytest.approx(-0.15, abs=0.02)
 
     # A 10% drop with ±10% launch noise: never PASS; undecided at the budget of 8 pairs, INCOMPLETE.
-    code, out = _run(tmp_path, db, _manifest(tmp_path / "n.yaml", "1.3", "1.0", TEN, drop=0.10))
-    reason = _regression(out)
+    code, out = run_json(tmp_path, db, _manifest(tmp_path / "n.yaml", "1.3", "1.0", TEN, drop=0.10))
+    reason = case_regression(out)
     assert out["verdict"] != "PASS" and reason["status"] in ("INCOMPLETE", "FAIL"), out["reasons"]
     env = results(db, out["run_id"])["synthetic/c"]["environment"]
     assert env["sequential"]["launches"] == 8 and env["paired"]["pairs"] == 8  # it sampled to the budget
 
     # Identical with ±1%: PASS (non-inferiority shown at the first look, no extra pair).
-    code, out = _run(tmp_path, db, _manifest(tmp_path / "s.yaml", "1.4", "1.0", ONE))
-    reason = _regression(out)
+    code, out = run_json(tmp_path, db, _manifest(tmp_path / "s.yaml", "1.4", "1.0", ONE))
+    reason = case_regression(out)
     assert (code, out["verdict"], reason["status"]) == (0, "PASS", "PASS"), out["reasons"]
     assert "non-inferiority shown" in reason["message"] and "3 pairs" in reason["message"]
 
     # Identical with ±40%: INCOMPLETE after the budget, with the pairs deciding would need.
-    code, out = _run(tmp_path, db, _manifest(tmp_path / "f.yaml", "1.5", "1.0", FORTY))
-    reason = _regression(out)
+    code, out = run_json(tmp_path, db, _manifest(tmp_path / "f.yaml", "1.5", "1.0", FORTY))
+    reason = case_regression(out)
     assert (code, out["verdict"], reason["status"]) == (1, "INCOMPLETE", "INCOMPLETE"), out["reasons"]
     assert "deciding needs about" in reason["message"] and "budget 8" in reason["message"]
     assert "8 launches: still undecided at the budget" in reason["message"]
@@ -93,12 +83,12 @@ def test_paired_scenarios_decide_by_the_interval(tmp_path: Path) -> None:
 
 def test_history_needs_a_calibration_and_uses_it(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
-    code, first = _run(tmp_path, db, _manifest(tmp_path / "b.yaml", "1.0", None, ONE, baseline="optional"))
+    code, first = run_json(tmp_path, db, _manifest(tmp_path / "b.yaml", "1.0", None, ONE, baseline="optional"))
     assert (code, first["verdict"]) == (0, "PASS"), first["reasons"]
 
     # No calibration for the fingerprint: two runs cannot be told apart.
-    code, out = _run(tmp_path, db, _manifest(tmp_path / "u.yaml", "1.1", "1.0", ONE, baseline="history"))
-    reason = _regression(out)
+    code, out = run_json(tmp_path, db, _manifest(tmp_path / "u.yaml", "1.1", "1.0", ONE, baseline="history"))
+    reason = case_regression(out)
     assert (code, reason["status"]) == (1, "INCOMPLETE") and "calibrate" in reason["message"], out["reasons"]
 
     # Calibrate (A/A runs and runs with an injected 10% slowdown), then the same comparison decides.
@@ -111,13 +101,17 @@ def test_history_needs_a_calibration_and_uses_it(tmp_path: Path) -> None:
     assert measured["detection_rate"] == 1.0 and 0 < measured["detectable"] < 0.2
     [row] = db_rows(db, "SELECT case_id, sd_run, launches FROM calibrations")
     assert row["case_id"] == "synthetic/c" and row["launches"] == 3
-    code, out = _run(tmp_path, db, manifest)
-    reason = _regression(out)
+    code, out = run_json(tmp_path, db, manifest)
+    reason = case_regression(out)
     assert (code, reason["status"]) == (0, "PASS"), out["reasons"]
     assert "history" in reason["message"] and "calibrated: run-to-run" in reason["message"]
     slow = _manifest(tmp_path / "d.yaml", "1.3", "1.0", ONE, baseline="history", drop=0.15)
-    code, out = _run(tmp_path, db, slow)
-    assert (code, _regression(out)["status"]) == (1, "FAIL"), out["reasons"]
+    code, out = run_json(tmp_path, db, slow)
+    assert (code, case_regression(out)["status"]) == (1, "FAIL"), out["reasons"]
 
     shown = run_qualify(["history", "synthetic/c", "--db", db], tmp_path)
     assert shown.returncode == 0 and "calibrated" in shown.stdout, shown.stdout
+    report = run_qualify(["report", str(out["run_id"]), "--db", db, "--out", str(tmp_path / "rep")], tmp_path)
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "rep" / f"run-{out['run_id']}.html").read_text()
+    assert "What the regression check can see" in html and "realized false alarms" in html

@@ -468,6 +468,26 @@ def _environment(d: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _calibrations(d: dict[str, Any]) -> str:
+    """What the regression check could see here: `qualify calibrate`'s measurements of each result's fingerprint."""
+    rows_in = d.get("calibrations") or []
+    out = ["<section id='calibrations'><h2>What the regression check can see (calibrations)</h2>"]
+    if not rows_in:
+        out.append("<p class='note'>no calibration for this run's fingerprints: history mode cannot decide "
+                   "(<code>qualify calibrate MANIFEST</code>), paired mode does not need one.</p></section>")
+        return "".join(out)
+    rows = [[esc(r["case_id"]), esc(r["metric"]), esc(r["created_at"][:19]), esc(f"{r['runs']} × {r['launches']}"),
+             esc(f"{r['sd_run']:.2%}"), esc(f"{r['sd_launch']:.2%}"),
+             esc(f"{r['false_alarm_rate']:.0%} of {r['aa_comparisons']}"),
+             esc(f"{r['detection_rate']:.0%} at {r['slowdown']:.0%}" if r.get("detection_rate") is not None else "n/a"),
+             esc(f"≥ {r['detectable']:.0%}")] for r in rows_in]
+    out.append(_table(["case", "metric", "calibrated", "runs × launches", "run-to-run", "launch sd",
+                       "realized false alarms", "slowdown detected", "could see (90% power)"], rows,
+                      classes=["", "", "", "num", "num", "num", "num", "num", "num"]))
+    out.append("</section>")
+    return "".join(out)
+
+
 def render(view: dict[str, Any]) -> str:
     """The report of reporting.report_view (run_detail's keys are enough: policy and baseline are optional)."""
     decision = view["decisions"][-1] if view["decisions"] else None
@@ -483,6 +503,7 @@ def render(view: dict[str, Any]) -> str:
         _components(view),
         _training(view, decision),
         _baseline(view),
+        _calibrations(view),
         _inference(view, decision),
         _probes(view, decision),
         _waivers(view, decision),
