@@ -143,9 +143,12 @@ GOOD_COMPONENT_ROWS = [
 
 def seed_run(session, text: str, *, digest: str, repository: str | None = None, tag: str | None = None,
              builder: str = "buildah", docs: dict[str, dict[str, Any]] | None = None,
-             components: list[dict[str, Any]] | None = None, finish: str | None = "passed"):
+             components: list[dict[str, Any]] | None = None, finish: str | None = "passed",
+             calibrated: bool = True):
     """A run of the manifest `text` with its candidate image and results (docs by case id;
-    default: good results for every case). Returns the Run (flushed, not committed)."""
+    default: good results for every case). Returns the Run (flushed, not committed). calibrated: every
+    result's fingerprint also gets a stored calibration (0.5% run to run), as `qualify calibrate` would
+    have measured on a quiet machine, so that history mode can decide."""
     from qualify.manifest.load import load_manifest_text as load
     from qualify.store import repo
 
@@ -163,10 +166,25 @@ def seed_run(session, text: str, *, digest: str, repository: str | None = None, 
     docs = {cid: good_doc(c) for cid, c in cases.items()} if docs is None else docs
     for case_id, doc in docs.items():
         case = cases[case_id]
+        fp = fingerprint.of_case(case, doc.get("environment") or {})
         repo.record_case_result(session, run.id, case_id=case_id, kind=case.kind, model=case.model,
-                                variant=case.variant, doc=doc,
-                                fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
+                                variant=case.variant, doc=doc, fingerprint=fp)
+        if calibrated:
+            _seed_calibration(session, case_id, fp, rel.gate.regression.metrics_for(case.kind))
     if finish:
         repo.finish_run(session, run, finish)
     session.flush()
     return run
+
+
+def _seed_calibration(session, case_id: str, fp: dict[str, Any], metrics: list[str]) -> None:
+    from qualify.gate import calibration
+    from qualify.store import repo
+
+    known = {(r.fingerprint_key, r.metric) for r in repo.latest_calibrations(session, [calibration.key(fp)])}
+    for metric in metrics:
+        if (calibration.key(fp), metric) not in known:
+            repo.record_calibration(session, fingerprint_key=calibration.key(fp), fingerprint=fp, case_id=case_id,
+                                    metric=metric, image="seeded", launches=5, runs=6, sd_run=0.005, df=20,
+                                    sd_launch=0.01, false_alarm_rate=0.0, aa_comparisons=30, slowdown=0.1,
+                                    slowed_runs=3, detection_rate=1.0, detectable=0.08)

@@ -3,7 +3,7 @@
 Run-to-run variance (process start, clocks, placement, allocator state) is only sampled by starting
 the workload again. A throughput case therefore runs as `launches` separate processes on the same node
 (one Ray task holds the node's resources for all of them, see execution/ray.py) and the gate tests one figure
-per launch (gate.stats, Welch on logs); the steps and repeats inside a launch give the spread, not the
+per launch (gate.stats, the non-inferiority rule on logs); the steps and repeats inside a launch give the spread, not the
 sample count.
 
 Merged document (pure function, tested directly):
