@@ -1,82 +1,115 @@
-"""Monte-Carlo simulation of the gate's regression rule (qualify.gate.stats.compare_samples).
+"""Monte-Carlo simulation of the gate's sequential non-inferiority rule, through the gate's own functions.
 
-Used by benchmarks/gate_stats.py and by tests/ to prove the defaults (false-alarm and detection
-rates at this machine's noise). Not part of the library: nothing at run time needs it.
+Used by benchmarks/gate_stats.py (the table) and by tests/unit/test_gate_stats.py (the error rates under
+repeated looking). Not part of the library: nothing at run time needs it.
+
+Model (log scale, throughput, higher is better): a launch's log figure is
+``truth + run offset + launch noise``; the candidate's truth is ``log(1 - drop)``. Launch noise is
+normal with sd ``noise``; every launch of one run shares that run's offset (sd ``offset``).
+
+* paired: the candidate and the baseline launch back to back in the SAME run, so the offset cancels in
+  each pair's ratio; the runner looks after each pair from the plan's first to its budget
+  (noninferiority.should_continue), the gate judges what it stopped at (stats.compare_pairs).
+* history: two runs, each with its own offset; the run-to-run variation is estimated by a calibration of
+  ``calibration_runs`` A/A runs (calibration.run_variation) as `qualify calibrate` does; the runner adds
+  candidate launches the same way (stats.compare_history).
 """
 
 from __future__ import annotations
 
-from qualify.gate.stats import compare_samples
-from qualify.metrics import (
-    RECOMMENDED_ALPHA,
-    RECOMMENDED_MAX_REGRESSION,
-    RECOMMENDED_MIN_SAMPLES,
-    RECOMMENDED_NOISE_FLOOR,
-    Direction,
-)
+import math
+import random
+from dataclasses import dataclass
+
+from qualify.gate import calibration
+from qualify.gate import noninferiority as ni
+from qualify.gate import stats
 
 
-def _draws(effect: float, noise: float, n: int, trials: int, seed: int, direction: Direction):
-    import numpy as np
+@dataclass
+class Counts:
+    trials: int = 0
+    passed: int = 0
+    failed: int = 0
+    undecided: int = 0
+    units: int = 0
 
-    rng = np.random.default_rng(seed)
-    truth = 1000.0
-    cand_truth = truth * (1 - effect) if direction == "higher" else truth * (1 + effect)
-    base = truth * (1 + noise * rng.standard_normal((trials, n)))
-    cand = cand_truth * (1 + noise * rng.standard_normal((trials, n)))
-    return cand, base
+    def add(self, decision: ni.Decision, n: int) -> None:
+        self.trials += 1
+        self.units += n
+        self.passed += decision is ni.Decision.PASS
+        self.failed += decision is ni.Decision.FAIL
+        self.undecided += decision is ni.Decision.UNDECIDED
 
+    @property
+    def pass_rate(self) -> float:
+        return self.passed / self.trials
 
-def simulate(*, effect: float, noise: float, n: int, trials: int, seed: int,
-             max_regression: float = RECOMMENDED_MAX_REGRESSION, alpha: float = RECOMMENDED_ALPHA,
-             min_samples: int = RECOMMENDED_MIN_SAMPLES, noise_floor: float = RECOMMENDED_NOISE_FLOOR,
-             direction: Direction = "higher") -> float:
-    """Fraction of trials that compare_samples flags as a regression (each sample: one launch's figure).
+    @property
+    def fail_rate(self) -> float:
+        return self.failed / self.trials
 
-    Samples are a throughput of 1000 with multiplicative Gaussian noise (relative standard
-    deviation ``noise``), the candidate's true value lowered by ``effect`` (0.10 = 10% slower).
-    For a lower-is-better metric the candidate's true value is raised instead.
-    """
-    return float(simulate_flags(effect=effect, noise=noise, n=n, trials=trials, seed=seed,
-                                max_regression=max_regression, alpha=alpha, min_samples=min_samples,
-                                noise_floor=noise_floor, direction=direction).mean())
-
-
-def simulate_flags(*, effect: float, noise: float, n: int, trials: int, seed: int,
-                   max_regression: float = RECOMMENDED_MAX_REGRESSION, alpha: float = RECOMMENDED_ALPHA,
-                   min_samples: int = RECOMMENDED_MIN_SAMPLES, noise_floor: float = RECOMMENDED_NOISE_FLOOR,
-                   direction: Direction = "higher"):
-    """Per-trial decisions of compare_samples itself (the gate's code path), as a bool array."""
-    import numpy as np
-
-    cand, base = _draws(effect, noise, n, trials, seed, direction)
-    return np.array([compare_samples(c, b, direction, max_regression=max_regression, alpha=alpha,
-                                     min_samples=min_samples, noise_floor=noise_floor).regressed
-                     for c, b in zip(cand, base)], dtype=bool)
+    @property
+    def mean_units(self) -> float:
+        return self.units / self.trials
 
 
-def simulate_flags_fast(*, effect: float, noise: float, n: int, trials: int, seed: int,
-                        max_regression: float = RECOMMENDED_MAX_REGRESSION, alpha: float = RECOMMENDED_ALPHA,
-                        min_samples: int = RECOMMENDED_MIN_SAMPLES, noise_floor: float = RECOMMENDED_NOISE_FLOOR,
-                        direction: Direction = "higher"):
-    """The same rule vectorised over trials (same draws as simulate_flags; a test checks that
-    both agree trial by trial), for benchmarks with many trials."""
-    import numpy as np
-    from scipy.stats import ttest_ind
+def _run(rng: random.Random, truth: float, offset: float, noise: float, n: int) -> list[float]:
+    shift = rng.gauss(0.0, offset) if offset else 0.0
+    return [math.exp(truth + shift + rng.gauss(0.0, noise)) for _ in range(n)]
 
-    cand, base = _draws(effect, noise, n, trials, seed, direction)
-    med_c, med_b = np.median(cand, axis=1), np.median(base, axis=1)
-    change = (med_c - med_b) / np.abs(med_b)
-    worse = -change if direction == "higher" else change
-    ratio_only = worse > max(max_regression, noise_floor)
-    if n >= min_samples:
-        # The gate's test on launch-level samples: one-sided Welch t-test on the logs.
-        positive = (cand > 0).all(axis=1) & (base > 0).all(axis=1)
-        alternative = "less" if direction == "higher" else "greater"
-        with np.errstate(invalid="ignore", divide="ignore"):
-            p = ttest_ind(np.log(np.where(positive[:, None], cand, 1.0)),
-                          np.log(np.where(positive[:, None], base, 1.0)),
-                          equal_var=False, alternative=alternative, axis=1).pvalue
-        tested = (worse > max_regression) & (np.nan_to_num(p, nan=1.0) < alpha)
-        return np.where(positive, tested, ratio_only)
-    return ratio_only
+
+def simulate_paired(*, drop: float, noise: float, offset: float, trials: int, seed: int, first: int = 3,
+                    budget: int = 8, max_regression: float = 0.05, alpha: float = 0.05) -> Counts:
+    rng = random.Random(seed)
+    plan = ni.Plan(first, budget, alpha)
+    counts = Counts()
+    truth = math.log1p(-drop)
+    for _ in range(trials):
+        shift = rng.gauss(0.0, offset) if offset else 0.0  # one run: both sides share it
+        cand: list[float] = []
+        base: list[float] = []
+        while True:
+            cand.append(math.exp(truth + shift + rng.gauss(0.0, noise)))
+            base.append(math.exp(shift + rng.gauss(0.0, noise)))
+
+            def at(level: float) -> ni.Interval | None:
+                logs = ni.paired_logs(cand, base, "higher")
+                return ni.interval_from_log_ratios(logs or [], alpha=level)
+
+            if not ni.should_continue(plan, max_regression, at, len(cand)):
+                break
+        cmp = stats.compare_pairs(cand, base, "higher", max_regression=max_regression, alpha=alpha,
+                                  min_samples=first, max_launches=budget)
+        counts.add(cmp.decision, len(cand))
+    return counts
+
+
+def simulate_history(*, drop: float, noise: float, offset: float, trials: int, seed: int, first: int = 3,
+                     budget: int = 8, max_regression: float = 0.05, alpha: float = 0.05,
+                     calibration_runs: int = 6, independent: bool = False) -> Counts:
+    """independent=True: the mutation that treats one run's launches as independent (no run-to-run part)."""
+    rng = random.Random(seed)
+    plan = ni.Plan(first, budget, alpha)
+    counts = Counts()
+    truth = math.log1p(-drop)
+    for _ in range(trials):
+        variation = (ni.RunVariation(0.0, 1e9) if independent else
+                     calibration.run_variation([_run(rng, 0.0, offset, noise, first)
+                                                for _ in range(calibration_runs)]))
+        assert variation is not None
+        base = _run(rng, 0.0, offset, noise, first)
+        shift = rng.gauss(0.0, offset) if offset else 0.0
+        cand: list[float] = []
+        while True:
+            cand.append(math.exp(truth + shift + rng.gauss(0.0, noise)))
+
+            def at(level: float) -> ni.Interval | None:
+                return ni.history_interval(cand, base, "higher", variation=variation, alpha=level)
+
+            if not ni.should_continue(plan, max_regression, at, len(cand)):
+                break
+        cmp = stats.compare_history(cand, base, "higher", variation=variation, max_regression=max_regression,
+                                    alpha=alpha, min_samples=first, max_launches=budget)
+        counts.add(cmp.decision, len(cand))
+    return counts

@@ -1,10 +1,12 @@
-"""Paired baseline vs history baseline on this machine, while its load changes (issue 14).
+"""Paired baseline vs history baseline on this machine, while its load changes (issues 14, 22).
 
-    python benchmarks/paired_vs_history.py [--reps N] [--slowdown 0.10] [--burn-every 2] [--out DIR]
+    python benchmarks/paired_vs_history.py [--reps N] [--slowdown 0.10] [--burn-every 2] [--calibrate-runs 3]
+                                           [--out DIR]
 
 1. Qualifies the previous release once ("0.9", quiet machine): the smoke training case (tiny-llama, base)
    as two models, `same` and `slowed`, 3 launches each. This run is the history baseline and, being a PASS,
-   the environment that paired runs re-measure.
+   the environment that paired runs re-measure. Then `qualify calibrate` on it (--calibrate-runs A/A runs and
+   one run with the slowdown per case), which gives history mode the run-to-run variation it needs.
 2. N times: qualifies a candidate ("1.0-k") in paired mode, with `same` identical to the previous release and
    `slowed` made slower by --slowdown (params.slowdown: each timed step sleeps that fraction of itself; the
    baseline side never gets it). A CPU burner (one busy process) runs during every --burn-every'th repetition,
@@ -13,10 +15,13 @@
    the previous release's launches measured beside them) and history (the same candidate launches against
    the previous release's stored launches from step 1, the gate's check_regression with baseline: history).
 
-Both modes use max_regression 5%, alpha 0.05, min_samples 3 (launches or pairs). Prints each repetition, the
-wall time of a paired and of a history-only run, then exactly one final line:
+Both modes use the non-inferiority rule (qualify.gate.noninferiority) with max_regression 5%, alpha 0.05, a first
+look at 3 launches (pairs) and a budget of 8: paired runs add pairs while undecided. Prints each repetition,
+the wall time of a paired and of a history-only run, then the decisions per mode and case:
 
-    paired: identical flagged A/N, slowed flagged B/N; history: identical flagged C/N, slowed flagged D/N
+    paired: same PASS a INCOMPLETE b FAIL c (launches m); slowed PASS ... | history: same ... ; slowed ...
+
+The goal: no mode ever PASSes the slowed case.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 QUALIFY = str(Path(sys.executable).with_name("qualify"))
-POLICY = {"max_regression": 0.05, "alpha": 0.05, "min_samples": 3}
+POLICY = {"max_regression": 0.05, "alpha": 0.05, "min_samples": 3, "max_launches": 8}
+STATUSES = ("PASS", "INCOMPLETE", "FAIL")
 
 
 def manifest(path: Path, tag: str, previous: str | None, *, mode: str, slowdown: float) -> Path:
@@ -77,7 +83,7 @@ def qualify_run(path: Path, db: str, data_dir: Path) -> tuple[dict[str, Any], fl
         sys.exit(f"qualify run {path} exited {res.returncode} without a result:\n{res.stderr[-3000:]}")
 
 
-def history_flags(db: str, run_id: int) -> dict[str, bool]:
+def history_statuses(db: str, run_id: int) -> dict[str, str]:
     """The history judgement of a paired run's candidate launches against the previous release's stored run."""
     from qualify.manifest.cases import expand
     from qualify.gate.checks import ResultData, check_regression
@@ -95,15 +101,38 @@ def history_flags(db: str, run_id: int) -> dict[str, bool]:
             base_run = repo.baseline_run(session, rel.release.repository, rel.release.previous_tag)
             results = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, run_id)}
             baseline = {r.case_id: ResultData.from_row(r) for r in repo.case_results(session, base_run.id)}
-            reasons = check_regression(policy, expand(rel), results, baseline, f"run {base_run.id}")
+            calibrations = repo.calibrations_for(session, [r.fingerprint for r in baseline.values()])
+            reasons = check_regression(policy, expand(rel), results, baseline, f"run {base_run.id}",
+                                       calibrations=calibrations)
     finally:
         engine.dispose()
-    return {r.case_id: r.status == "FAIL" for r in reasons if r.case_id}
+    return {r.case_id: str(r.status) for r in reasons if r.case_id}
 
 
-def paired_flags(outcome: dict[str, Any]) -> dict[str, bool]:
-    return {r["case_id"]: r["status"] == "FAIL" for r in outcome["reasons"]
-            if r["check"] == "regression" and r.get("case_id")}
+def paired_statuses(outcome: dict[str, Any]) -> dict[str, str]:
+    return {r["case_id"]: r["status"] for r in outcome["reasons"] if r["check"] == "regression" and r.get("case_id")}
+
+
+def launches_used(db: str, run_id: int) -> dict[str, int]:
+    from qualify.store import repo
+    from qualify.store.engine import open_database
+
+    engine, sessions = open_database(db, migrate=False)
+    try:
+        with sessions() as session:
+            return {r.case_id: int((r.metrics or {}).get("launches") or 0) for r in repo.case_results(session, run_id)}
+    finally:
+        engine.dispose()
+
+
+def calibrate(path: Path, db: str, data_dir: Path, runs: int, slowdown: float) -> str:
+    env = {**os.environ, "QUALIFY_DATA_DIR": str(data_dir)}
+    res = subprocess.run([QUALIFY, "calibrate", str(path), "--db", db, "--runs", str(runs), "--slowed-runs", "1",
+                          "--slowdown", str(slowdown)], capture_output=True, text=True, env=env, cwd=REPO,
+                         timeout=7200)
+    if res.returncode != 0:
+        sys.exit(f"qualify calibrate exited {res.returncode}:\n{res.stderr[-3000:]}")
+    return res.stdout
 
 
 def main() -> int:
@@ -111,6 +140,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--slowdown", type=float, default=0.10)
     ap.add_argument("--burn-every", type=int, default=2, help="a CPU burner during every k-th repetition")
+    ap.add_argument("--calibrate-runs", type=int, default=3, help="A/A runs per case for history mode's calibration")
     ap.add_argument("--out", type=Path, help="where the database and reports go (default: a temp folder)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "src"))
@@ -119,13 +149,17 @@ def main() -> int:
     db = f"sqlite:///{out / 'pvh.db'}"
     print(f"data in {out}; {args.reps} repetitions, slowdown {args.slowdown:.0%}, burner every "
           f"{args.burn_every}th; policy {POLICY}", flush=True)
-    base, base_wall = qualify_run(manifest(out / "base.yaml", "0.9", None, mode="optional", slowdown=0.0),
-                                  db, out)
+    base_manifest = manifest(out / "base.yaml", "0.9", None, mode="optional", slowdown=0.0)
+    base, base_wall = qualify_run(base_manifest, db, out)
     if base.get("verdict") != "PASS":
         sys.exit(f"the previous release did not PASS: {json.dumps(base.get('reasons'))[:2000]}")
     print(f"previous release 0.9: run {base['run_id']} PASS in {base_wall:.0f} s (history-mode cost of one run)",
           flush=True)
-    counts = {"paired": {"same": 0, "slowed": 0}, "history": {"same": 0, "slowed": 0}}
+    start = time.monotonic()
+    print(calibrate(base_manifest, db, out, args.calibrate_runs, args.slowdown).rstrip(), flush=True)
+    print(f"calibration: {time.monotonic() - start:.0f} s", flush=True)
+    counts = {mode: {name: {s: 0 for s in STATUSES} for name in ("same", "slowed")} for mode in ("paired", "history")}
+    used: dict[str, list[int]] = {"same": [], "slowed": []}
     walls = []
     for k in range(1, args.reps + 1):
         burner = None
@@ -139,30 +173,37 @@ def main() -> int:
                 burner.kill()
                 burner.wait()
         walls.append(wall)
-        paired = paired_flags(outcome)
-        history = history_flags(db, outcome["run_id"])
-        for mode, flags in (("paired", paired), ("history", history)):
-            for name in ("same", "slowed"):
-                counts[mode][name] += bool(flags.get(f"train/{name}/base"))
-        ratios = {r["case_id"]: r.get("figures", {}).get("ratio") for r in outcome["reasons"]
-                  if r["check"] == "regression"}
+        paired = paired_statuses(outcome)
+        history = history_statuses(db, outcome["run_id"])
+        ran = launches_used(db, outcome["run_id"])
+        for name in ("same", "slowed"):
+            used[name].append(ran.get(f"train/{name}/base", 0))
+            for mode, statuses in (("paired", paired), ("history", history)):
+                status = statuses.get(f"train/{name}/base")
+                if status in STATUSES:
+                    counts[mode][name][status] += 1
+        changes = {r["case_id"]: r.get("figures", {}).get("change") for r in outcome["reasons"]
+                   if r["check"] == "regression"}
         print(f"rep {k:>2} burner {'on ' if burner else 'off'} verdict {outcome['verdict']:<10} wall {wall:5.0f} s "
-              f"paired ratio same {_fmt(ratios.get('train/same/base'))} slowed {_fmt(ratios.get('train/slowed/base'))}"
-              f" | flagged paired {_flags(paired)} history {_flags(history)}", flush=True)
+              f"paired change same {_fmt(changes.get('train/same/base'))} slowed "
+              f"{_fmt(changes.get('train/slowed/base'))}, pairs {ran.get('train/same/base')}/"
+              f"{ran.get('train/slowed/base')} | paired {_statuses(paired)} | history {_statuses(history)}",
+              flush=True)
     print(f"wall time: previous-release (history-only) run {base_wall:.0f} s; paired run median "
-          f"{statistics.median(walls):.0f} s (2 cases x 3 launches a side)")
-    n = args.reps
-    print(f"paired: identical flagged {counts['paired']['same']}/{n}, slowed flagged {counts['paired']['slowed']}/{n}; "
-          f"history: identical flagged {counts['history']['same']}/{n}, slowed flagged {counts['history']['slowed']}/{n}")
+          f"{statistics.median(walls):.0f} s (2 cases, 3..8 pairs each)")
+    for mode in ("paired", "history"):
+        print(f"{mode}: " + "; ".join(
+            f"{name} " + " ".join(f"{s} {counts[mode][name][s]}" for s in STATUSES)
+            + f" (launches {statistics.fmean(used[name]):.1f} a run)" for name in ("same", "slowed")))
     return 0
 
 
 def _fmt(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+    return "n/a" if value is None else f"{value * 100:+.1f}%"
 
 
-def _flags(flags: dict[str, bool]) -> str:
-    return ",".join(k.split("/")[1] for k, v in sorted(flags.items()) if v) or "-"
+def _statuses(statuses: dict[str, str]) -> str:
+    return " ".join(f"{k.split('/')[1]} {v}" for k, v in sorted(statuses.items()))
 
 
 if __name__ == "__main__":

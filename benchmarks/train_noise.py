@@ -5,12 +5,12 @@
 
 Each run is one independent launch (a fresh process, as the executor starts it). Printed: the
 launch-level CV (across launches) next to the within-launch CV (across the repeats of one launch),
-and the false-alarm rate of the gate on A/A comparisons (the same code against itself), before and
-after issue 12: *before*, a "run" was one launch whose R repeats were the gate's samples
-(Mann-Whitney, min 5 samples); *after*, a run is 3 launches and the gate tests the launch figures
-(Welch on logs, qualify.gate.stats). Both with max_regression 5%, alpha 0.05. The A/A comparisons are
-every ordered pair of launches (before) and every ordered pair of disjoint 3-launch groups (after,
-capped); they share launches, so the rates are estimates, not independent trials.
+and the gate's false-FAIL rate on A/A comparisons (the same code against itself) by its non-inferiority rule
+(qualify.gate.stats.compare_history, max_regression 5%, alpha 0.05, no run-to-run part: all launches
+here ran in one window): *repeats as units*, one launch against another with each launch's R repeats
+as the units (what issue 12 removed); *launches as units*, 3 launches against 3 other launches. The A/A
+comparisons are every ordered pair of launches and every ordered pair of disjoint 3-launch groups
+(capped); they share launches, so the rates are estimates, not independent trials.
 
 Runs the tiny preset's default case N times as subprocesses (exactly as the
 executor does), interleaved with M runs of the same case with compile=true, and
@@ -133,32 +133,35 @@ def main() -> int:
           f"compile/eager {summary['compile_over_eager']}; load {summary['load_avg_min']}.."
           f"{summary['load_avg_max']}")
     summary.update(false_alarms(results["eager"]))
-    print(f"A/A false alarms: before (one launch, its {base.get('repeats', 'default')} repeats as samples, "
-          f"Mann-Whitney) {summary['aa_before_flagged']}/{summary['aa_before_pairs']} = "
-          f"{pct(summary['aa_before_rate'])}; after (3 launches a side, Welch on logs) "
+    print(f"A/A false FAILs (non-inferiority rule): repeats as units (one launch, its "
+          f"{base.get('repeats', 'default')} repeats) {summary['aa_before_flagged']}/{summary['aa_before_pairs']} = "
+          f"{pct(summary['aa_before_rate'])}; launches as units (3 a side) "
           f"{summary['aa_after_flagged']}/{summary['aa_after_pairs']} = {pct(summary['aa_after_rate'])}")
     print(json.dumps(summary))
     return 0
 
 
 def false_alarms(rows: list[dict], group: int = 3, cap: int = 5000) -> dict:
-    """The gate's A/A false alarms on these launches, before and after launch-level samples."""
+    """The gate's A/A false FAILs on these launches, with a launch's repeats or the launches as the units."""
     import itertools
     import random
 
+    from qualify.gate.noninferiority import Decision, RunVariation
+
+    def fails(cand: list[float], base: list[float]) -> bool:
+        n = len(cand)
+        return stats.compare_history(cand, base, "higher", variation=RunVariation(0.0, 1e9), max_regression=0.05,
+                                     alpha=0.05, min_samples=min(n, 20), max_launches=min(n, 20)
+                                     ).decision is Decision.FAIL
+
     before = [(a, b) for a, b in itertools.permutations(range(len(rows)), 2)]
-    flagged_before = sum(stats.compare_samples(rows[a]["repeats"], rows[b]["repeats"], "higher",
-                                               max_regression=0.05, alpha=0.05, min_samples=5,
-                                               test="mann-whitney", unit="samples").regressed
-                         for a, b in before)
+    flagged_before = sum(fails(rows[a]["repeats"], rows[b]["repeats"]) for a, b in before)
     figures = [r["tokens_per_s"] for r in rows]
     pairs = [(a, b) for a in itertools.combinations(range(len(rows)), group)
              for b in itertools.combinations(range(len(rows)), group) if not set(a) & set(b)]
     random.Random(0).shuffle(pairs)
     pairs = pairs[:cap]
-    flagged_after = sum(stats.compare_samples([figures[i] for i in b], [figures[i] for i in a], "higher",
-                                              max_regression=0.05, alpha=0.05, min_samples=group).regressed
-                        for a, b in pairs)
+    flagged_after = sum(fails([figures[i] for i in b], [figures[i] for i in a]) for a, b in pairs)
     return {"aa_before_pairs": len(before), "aa_before_flagged": flagged_before,
             "aa_before_rate": flagged_before / len(before) if before else None,
             "aa_after_pairs": len(pairs), "aa_after_flagged": flagged_after,

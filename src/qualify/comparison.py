@@ -1,12 +1,14 @@
 """Compare two runs case by case, and follow one case over past runs, with the gate's own rule.
 
 `qualify compare`, `qualify history` and the HTML report's baseline section use this module. A
-comparison calls a change a *regression* exactly when the gate would (qualify.gate.stats.compare_samples
-with the policy of the newer run: the ratio beyond the tolerance AND, with enough samples, a significant
-one-sided Welch t-test on the logs of the launch-level samples), an *improvement* when the same rule read the other way round says the
-older run is the worse one, and *noise* otherwise. Results whose fingerprints differ are not compared
-(DESIGN.md: like with like). The ratio's interval is the gate's percentile bootstrap of the medians
-(qualify.gate.stats.gain_interval), so it is deterministic.
+comparison decides exactly as the gate's history mode would (qualify.gate.stats.compare_history with the
+newer run's policy and the fingerprint's calibrated run-to-run variation, the rule in
+qualify.gate.noninferiority): *regression* when a drop beyond max_regression is shown, *within tolerance*
+when non-inferiority is shown, *improvement* when a gain beyond max_regression is shown, *undecided*
+otherwise (including every comparison of a fingerprint that was never calibrated: two runs cannot be told
+apart without their run-to-run variation). The change is B / A - 1 in the metric's better direction, with
+the interval's worst and best ends. Results whose fingerprints differ are not compared (DESIGN.md: like
+with like).
 
 A reference names a run: ``run:N``, a release tag (``25.05``, of the one repository that has it, or of
 the repository the other reference names), or ``REPOSITORY:TAG``. A tag selects the run the gate would
@@ -28,7 +30,8 @@ from qualify.errors import BadInput
 from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import stats
 from qualify.gate.checks import ResultData
-from qualify.gate.checks import _series as gate_series  # the gate's own choice of samples for a metric
+from qualify.gate import calibration, noninferiority as ni
+from qualify.gate.checks import series as gate_series  # the gate's own choice of samples for a metric
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.manifest import RegressionPolicy
 from qualify.manifest.load import ManifestError
@@ -36,9 +39,8 @@ from qualify.store import repo
 from qualify.store.models import CaseResult, GateDecision, Release, Run
 from qualify.timestamps import iso
 
-Call = Literal["regression", "improvement", "noise", "not comparable", "missing"]
+Call = Literal["regression", "within tolerance", "improvement", "undecided", "not comparable", "missing"]
 FINISHED = ("passed", "failed", "incomplete")
-CONFIDENCE = 0.90
 
 
 # --------------------------------------------------------------------------- references
@@ -135,12 +137,12 @@ class MetricComparison:
     median_b: float | None
     n_a: int
     n_b: int
-    ratio: float | None  # median B / median A
-    ratio_low: float | None  # the bootstrap interval of that ratio
-    ratio_high: float | None
-    p_value: float | None  # one-sided Mann-Whitney, "B is worse" (or "better" for an improvement)
-    method: str  # welch-log | ratio-only | none
-    tolerance: float | None
+    change: float | None  # B / A - 1 in the better direction (positive: B better), on the launches' logs
+    change_worst: float | None  # the interval's worst end (one-sided bound at the gate's look level)
+    change_best: float | None
+    could_see: float | None  # the drop the rule detects with 90% power here
+    calibrated: bool  # the fingerprint's run-to-run variation was known
+    tolerance: float | None  # the policy's max_regression
     call: Call
     message: str
 
@@ -149,26 +151,33 @@ class MetricComparison:
 
 
 def compare_series(case_id: str, metric: str, a: Sequence[float], b: Sequence[float], policy: RegressionPolicy,
-                   *, confidence: float = CONFIDENCE) -> MetricComparison:
-    """B against A with the gate's rule (the regression policy's tolerance, alpha, minimum samples, noise floor)."""
+                   *, variation: ni.RunVariation | None = None) -> MetricComparison:
+    """B against A with the gate's history rule (the policy's tolerance and alpha; runs as the unit)."""
     direction = metric_info.direction(metric) if metric_info.is_known(metric) else "higher"
-    params = dict(metric=metric, max_regression=policy.max_regression, alpha=policy.alpha,
-                  min_samples=policy.min_samples, noise_floor=policy.noise_floor)
-    worse = stats.compare_samples(b, a, direction, **params)  # is B worse than A? (the gate's question)
-    interval = stats.gain_interval(b, a, "higher", confidence=confidence)  # of median B / median A - 1
-    common = dict(case_id=case_id, metric=metric, direction=direction, median_a=worse.median_baseline,
-                  median_b=worse.median_candidate, n_a=worse.n_baseline, n_b=worse.n_candidate, ratio=worse.ratio,
-                  ratio_low=1 + interval.low if interval else None, ratio_high=1 + interval.high if interval else None,
-                  method=worse.method, tolerance=worse.tolerance)
-    if worse.method == "none":
-        return MetricComparison(**common, p_value=None, call="missing", message=worse.message)
-    if worse.regressed:
-        return MetricComparison(**common, p_value=worse.p_value, call="regression", message=worse.message)
-    better = stats.compare_samples(a, b, direction, **params)  # the same rule read the other way round
-    if better.regressed:
-        return MetricComparison(**common, p_value=better.p_value, call="improvement",
-                                message=f"improvement: A is worse than B by the gate's rule ({better.message})")
-    return MetricComparison(**common, p_value=worse.p_value, call="noise", message=worse.message)
+    cmp = stats.compare_history(b, a, direction, variation=variation, metric=metric,
+                                max_regression=policy.max_regression, alpha=policy.alpha,
+                                min_samples=min(policy.min_samples, max(2, len(b))),
+                                max_launches=policy.max_launches)
+    outcome = cmp.outcome
+    common = dict(case_id=case_id, metric=metric, direction=direction, median_a=cmp.median_baseline,
+                  median_b=cmp.median_candidate, n_a=cmp.n_baseline, n_b=cmp.n_candidate,
+                  change=outcome.interval.change if outcome else None,
+                  change_worst=outcome.interval.worst if outcome else None,
+                  change_best=outcome.interval.best if outcome else None,
+                  could_see=outcome.could_see if outcome else None, calibrated=variation is not None,
+                  tolerance=policy.max_regression)
+    if not cmp.n_candidate or not cmp.n_baseline:
+        return MetricComparison(**common, call="missing", message=cmp.message)
+    if outcome is None:
+        return MetricComparison(**common, call="undecided", message=cmp.message)
+    if outcome.decision is ni.Decision.FAIL:
+        return MetricComparison(**common, call="regression", message=cmp.message)
+    if outcome.decision is ni.Decision.PASS:
+        # A gain beyond the tolerance shown is an improvement (the same bound, the other side).
+        improved = outcome.interval.lower > -ni.margin(policy.max_regression)
+        return MetricComparison(**common, call="improvement" if improved else "within tolerance",
+                                message=cmp.message)
+    return MetricComparison(**common, call="undecided", message=cmp.message)
 
 
 def _not_compared(case_id: str, metric: str, call: Call, why: str, a: ResultData | None,
@@ -177,13 +186,12 @@ def _not_compared(case_id: str, metric: str, call: Call, why: str, a: ResultData
     med_a = stats.median(gate_series(a, metric)) if a is not None else None
     med_b = stats.median(gate_series(b, metric)) if b is not None else None
     return MetricComparison(case_id, metric, direction, med_a, med_b, len(gate_series(a, metric)) if a else 0,
-                            len(gate_series(b, metric)) if b else 0,
-                            med_b / med_a if med_a and med_b is not None else None, None, None, None, "none", None,
-                            call, why)
+                            len(gate_series(b, metric)) if b else 0, None, None, None, None, False, None, call, why)
 
 
 def compare_results(case_id: str, metric: str, a: ResultData | None, b: ResultData | None,
-                    policy: RegressionPolicy) -> MetricComparison:
+                    policy: RegressionPolicy,
+                    calibrations: Mapping[str, ni.RunVariation] | None = None) -> MetricComparison:
     """One case's metric, with the reasons the gate has for not comparing (missing, failed, not like for like)."""
     for side, result in (("A", a), ("B", b)):
         if result is None:
@@ -198,7 +206,9 @@ def compare_results(case_id: str, metric: str, a: ResultData | None, b: ResultDa
         return _not_compared(case_id, metric, "not comparable",
                              "not like for like, the fingerprints differ: " + "; ".join(diffs[:6])
                              + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else ""), a, b)
-    return compare_series(case_id, metric, gate_series(a, metric), gate_series(b, metric), policy)
+    variation = (calibrations or {}).get(calibration.lookup(b.fingerprint, metric))
+    return compare_series(case_id, metric, gate_series(a, metric), gate_series(b, metric), policy,
+                          variation=variation)
 
 
 # --------------------------------------------------------------------------- two runs
@@ -220,7 +230,7 @@ class RunComparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"a": self.a.to_dict(), "b": self.b.to_dict(), "baseline_mode": self.baseline_mode,
-                "policy": self.policy, "confidence": CONFIDENCE, "counts": self.counts(),
+                "policy": self.policy, "counts": self.counts(),
                 "rows": [r.to_dict() for r in self.rows]}
 
 
@@ -246,14 +256,16 @@ def compare_runs(session: Session, a: ResolvedRun, b: ResolvedRun,
     assert run_b is not None
     policy, order = run_policy(run_b)
     res_a, res_b = results_by_case(session, a.run_id), results_by_case(session, b.run_id)
+    calibrations = repo.calibrations_for(session, [r.fingerprint for r in res_b.values()])
     case_ids = list(dict.fromkeys([c for c in order if c in res_a or c in res_b] + list(res_b) + list(res_a)))
     rows = []
     for case_id in case_ids:
         sample = res_b.get(case_id) or res_a[case_id]
         names = list(metrics) if metrics else policy.metrics_for(sample.kind)
         for metric in names:
-            rows.append(compare_results(case_id, metric, res_a.get(case_id), res_b.get(case_id), policy))
-    policy_figures = {k: getattr(policy, k) for k in ("max_regression", "alpha", "min_samples", "noise_floor")}
+            rows.append(compare_results(case_id, metric, res_a.get(case_id), res_b.get(case_id), policy,
+                                        calibrations))
+    policy_figures = {k: getattr(policy, k) for k in ("max_regression", "alpha", "min_samples", "max_launches")}
     return RunComparison(a, b, policy.baseline, policy_figures, rows)
 
 
@@ -270,10 +282,11 @@ class HistoryPoint:
     result_status: str
     verdict: str | None  # the run's latest decision
     median: float | None
-    low: float | None  # smallest and largest sample (the spread over repeats)
+    low: float | None  # smallest and largest launch figure (the spread over the run's launches)
     high: float | None
     n: int
     fingerprint_changes: list[str]  # against the previous point that had a fingerprint; empty: unchanged
+    fingerprint_key: str = ""  # qualify.gate.calibration.key: what its calibrations are filed under
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -312,7 +325,7 @@ def case_history(session: Session, case_id: str, metric: str | None = None, *, r
         points.append(HistoryPoint(run.id, release.repository, release.tag, run.candidate_digest, run.started_at,
                                    result.status, verdicts.get(run.id), stats.median(series),
                                    min(series) if series else None, max(series) if series else None, len(series),
-                                   changes))
+                                   changes, calibration.key(data.fingerprint)))
     return metric, points
 
 
@@ -324,3 +337,41 @@ def _latest_verdicts(session: Session, run_ids: list[int]) -> dict[int, str]:
     rows = session.execute(select(GateDecision.run_id, GateDecision.verdict)
                            .join(latest, latest.c.id == GateDecision.id)).all()
     return {run_id: verdict for run_id, verdict in rows}
+
+
+# --------------------------------------------------------------------------- calibrations
+
+
+@dataclass(frozen=True)
+class CalibrationView:
+    """What `qualify calibrate` measured for one fingerprint and metric (the newest), as `history` shows it."""
+
+    fingerprint_key: str
+    metric: str
+    created_at: str
+    image: str
+    runs: int
+    launches: int
+    sd_run: float
+    sd_launch: float
+    false_alarm_rate: float
+    aa_comparisons: int
+    slowdown: float
+    detection_rate: float | None
+    detectable: float
+
+    def line(self) -> str:
+        detected = f"{self.detection_rate:.0%}" if self.detection_rate is not None else "n/a"
+        return (f"calibrated {self.created_at[:19]} ({self.fingerprint_key[:12]}): {self.runs} A/A runs of "
+                f"{self.launches} launches, run-to-run {self.sd_run:.2%}, launch sd {self.sd_launch:.2%}; "
+                f"realized false alarms {self.false_alarm_rate:.0%} of {self.aa_comparisons} A/A pairs; "
+                f"slowdown {self.slowdown:.0%} detected in {detected}; could see >= {self.detectable:.0%} "
+                "(90% power)")
+
+
+def calibration_views(session: Session, keys: Sequence[str], metric: str) -> list[CalibrationView]:
+    """The newest calibration of each fingerprint key for `metric` ("*": every metric)."""
+    rows = repo.latest_calibrations(session, [k for k in dict.fromkeys(keys) if k])
+    return [CalibrationView(r.fingerprint_key, r.metric, r.created_at.isoformat() if r.created_at else "", r.image,
+                            r.runs, r.launches, r.sd_run, r.sd_launch, r.false_alarm_rate, r.aa_comparisons,
+                            r.slowdown, r.detection_rate, r.detectable) for r in rows if metric in ("*", r.metric)]

@@ -11,6 +11,7 @@ from support.reports import REPOSITORY, seed_release_line
 
 from qualify.comparison import compare_series, resolve_ref
 from qualify.errors import BadInput
+from qualify.gate.noninferiority import RunVariation
 from qualify.manifest import RegressionPolicy
 
 
@@ -23,19 +24,20 @@ def invoke(*args: str):
 
 
 def test_the_call_follows_the_gates_rule() -> None:
-    policy = RegressionPolicy(max_regression=0.05, alpha=0.05, min_samples=5, noise_floor=0.2)
+    policy = RegressionPolicy(max_regression=0.05, alpha=0.05, min_samples=3, max_launches=5)
+    quiet = RunVariation(0.005, 20)
     base = noisy(1000, 5, 0.01, 1)
-    slower = compare_series("c", "tokens_per_s", base, noisy(850, 5, 0.01, 2), policy)
-    assert slower.call == "regression" and slower.p_value < 0.05 and slower.ratio_high < 0.9
-    faster = compare_series("c", "tokens_per_s", base, noisy(1150, 5, 0.01, 2), policy)
-    assert faster.call == "improvement" and faster.ratio_low > 1.1
-    same = compare_series("c", "tokens_per_s", base, noisy(1000, 5, 0.01, 2), policy)
-    assert same.call == "noise"
-    # lower is better for wall time: a longer wall time is the regression
-    assert compare_series("c", "wall_s", [1.0] * 5, [1.2] * 5, policy).call == "regression"
-    # too few samples for a test: only a change beyond the noise floor counts, as in the gate
-    assert compare_series("c", "tokens_per_s", [1000, 1010], [850, 860], policy).call == "noise"
-    assert compare_series("c", "tokens_per_s", [1000, 1010], [700, 710], policy).call == "regression"
+    slower = compare_series("c", "tokens_per_s", base, noisy(850, 5, 0.01, 2), policy, variation=quiet)
+    assert slower.call == "regression" and slower.change_best < -0.05
+    faster = compare_series("c", "tokens_per_s", base, noisy(1150, 5, 0.01, 2), policy, variation=quiet)
+    assert faster.call == "improvement" and faster.change_worst > 0.05
+    same = compare_series("c", "tokens_per_s", base, noisy(1000, 5, 0.01, 2), policy, variation=quiet)
+    assert same.call == "within tolerance"
+    # lower is better for wall time: a longer wall time is the regression (-16.7% on the one scale)
+    wall = compare_series("c", "wall_s", [1.0, 1.01, 0.99], [1.2, 1.21, 1.19], policy, variation=quiet)
+    assert wall.call == "regression" and abs(wall.change - (1 / 1.2 - 1)) < 0.01
+    # never calibrated: two runs cannot be told apart, whatever the change
+    assert compare_series("c", "tokens_per_s", base, noisy(700, 5, 0.01, 2), policy).call == "undecided"
     assert compare_series("c", "tokens_per_s", [], [700], policy).call == "missing"
 
 
@@ -48,15 +50,15 @@ def test_compare_two_releases(db_url: str, sessions) -> None:
     assert out["b"]["run_id"] == line.run_b and "no PASS run" in out["b"]["how"]  # B's only run is a FAIL
     calls = {(r["case_id"], r["metric"]): r["call"] for r in out["rows"]}
     assert calls == {("train/tiny/base", "tokens_per_s"): "regression",
-                     ("train/tiny/compile", "tokens_per_s"): "noise",
+                     ("train/tiny/compile", "tokens_per_s"): "within tolerance",
                      ("infer/tq/none", "output_tokens_per_s"): "improvement",
-                     ("infer/tq/w8a8", "output_tokens_per_s"): "noise"}
+                     ("infer/tq/w8a8", "output_tokens_per_s"): "within tolerance"}
     row = next(r for r in out["rows"] if r["case_id"] == "train/tiny/base")
-    assert row["median_a"] > row["median_b"] and row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
+    assert row["median_a"] > row["median_b"] and row["change_worst"] <= row["change"] <= row["change_best"]
 
     text = invoke("compare", f"run:{line.run_a}", "1.1", "--db", db_url)  # a bare tag takes run A's repository
     assert text.exit_code == 0, text.output
-    assert "regression" in text.stdout and "summary: 1 improvement, 2 noise, 1 regression" in text.stdout
+    assert "regression" in text.stdout and "summary: 1 improvement, 1 regression, 2 within tolerance" in text.stdout
     by_repo = invoke("compare", f"{REPOSITORY}:1.0", f"{REPOSITORY}:1.1", "--db", db_url, "--metric", "mfu")
     assert by_repo.exit_code == 0 and "mfu" in by_repo.stdout and "missing" in by_repo.stdout
 

@@ -50,6 +50,10 @@ def test_the_verdict_cannot_be_fooled(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
     code, base = _run(tmp_path, db, _manifest(tmp_path / "base.yaml", "1.0", None, [_fast()]))
     assert (code, base["verdict"]) == (0, "PASS"), base["reasons"]
+    # history mode counts runs: it needs the fingerprint's run-to-run variation (issue 22)
+    cal = run_qualify(["calibrate", str(tmp_path / "base.yaml"), "--db", db, "--runs", "3", "--slowed-runs", "1"],
+                      tmp_path)
+    assert cal.returncode == 0, cal.stderr
 
     # a 15% drop against the previous release FAILs; a 1% change PASSes
     code, slower = _run(tmp_path, db, _manifest(tmp_path / "slow.yaml", "1.1", "1.0", [_fast(0.85)]))

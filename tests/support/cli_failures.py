@@ -36,6 +36,11 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         monkeypatch.delenv(var, raising=False)
     bad = tmp_path / "bad.yaml"
     bad.write_text("release: {name: x}\n")
+    good = tmp_path / "good.yaml"
+    good.write_text(manifest_text(build={"builder": "local"}, training=None, inference=None,
+                                  custom_cases=[{"name": "s", "kind": "synthetic",
+                                                 "params": {"samples": {"tokens_per_s": [1.0]}}}],
+                                  gate={"regression": {"min_samples": 3}}))
     (tmp_path / "unmigrated.db").touch()
     from qualify.store.engine import open_database
 
@@ -46,7 +51,7 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     from support.attest import key_pair
 
     _, pub = key_pair(tmp_path / "keys")
-    return {"db": db, "bad": str(bad), "pub": str(pub), "manifest": str(REPO / "releases" / "cpu-smoke.yaml"),
+    return {"db": db, "bad": str(bad), "pub": str(pub), "good": str(good), "manifest": str(REPO / "releases" / "cpu-smoke.yaml"),
             "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
             "down": f"postgresql://postgres@127.0.0.1:{closed_port()}/none", "unjudged": str(unjudged),
             "port": str(closed_port())}
@@ -85,6 +90,10 @@ FAILURES = [  # OFFLINE + NETWORK
     (["plan", "{manifest}", "--nodes", "1", "--gpus-per-node", "0", "--cpus-per-node", "0.5"], BAD,
      "cannot be placed"),
     (["plan", "{manifest}", "--nodes", "0", "--cpus-per-node", "8"], BAD, "--nodes"),
+    (["calibrate", "{bad}"], BAD, "bad.yaml"),
+    (["calibrate", "{good}", "--runs", "2"], BAD, "--runs"),
+    (["calibrate", "{good}", "--slowdown", "1.5"], BAD, "--slowdown"),
+    (["calibrate", "{good}", "--case", "nope/*"], BAD, "matches no"),
     (["serve", "--host", "0.0.0.0"], BAD, "not loopback"),
     (["serve", "--enforce", "maybe"], BAD, "off, revert, delete"),
     (["serve", "--db", "{down}"], INFRA, "cannot connect"),

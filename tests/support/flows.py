@@ -50,3 +50,15 @@ def results(db_url: str, run_id: int) -> dict[str, dict[str, Any]]:
     return out
 
 
+
+
+def run_json(tmp: Path, db: str, manifest: Path) -> tuple[int, dict[str, Any]]:
+    """`qualify run MANIFEST --json`: its exit code and its outcome."""
+    res = run_qualify(["run", str(manifest), "--db", db, "--json"], tmp)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, json.loads(res.stdout)
+
+
+def case_regression(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The first per-case regression reason of a `qualify run --json` outcome."""
+    return next(r for r in outcome["reasons"] if r["check"] == "regression" and r.get("case_id"))

@@ -37,7 +37,7 @@ BASE_MANIFEST: dict[str, Any] = {
     "gate": {
         "thresholds": [{"cases": "train/*", "metric": "tokens_per_s", "min": 100},
                        {"cases": "infer/*", "metric": "latency_s_p90", "max": 2.0}],
-        "regression": {"max_regression": 0.05, "alpha": 0.05, "min_samples": 5, "noise_floor": 0.2},
+        "regression": {"max_regression": 0.05, "alpha": 0.05, "min_samples": 3},
         "variant_gains": [{"variant": "compile", "baseline": "base", "min_gain": 0.1}],
         "agreement": {"w8a8": 0.9},
     },
@@ -110,6 +110,16 @@ def good_doc(case: Case, *, scale: float = 1.0, seed: int = 0, n: int = 5, noise
                       samples={"wall_s": series, "per_launch.wall_s": series})
 
 
+def calibrated(results: dict[str, ResultData], sd_run: float = 0.005, df: float = 20) -> dict[str, Any]:
+    """The gate's calibrations mapping for these results: every metric of every result's fingerprint has a
+    measured run-to-run variation of sd_run (what `qualify calibrate` would have stored)."""
+    from qualify.gate import calibration
+    from qualify.gate.noninferiority import RunVariation
+
+    return {calibration.lookup(r.fingerprint, metric): RunVariation(sd_run, df)
+            for r in results.values() for metric in r.metrics}
+
+
 def as_result(case: Case, doc: dict[str, Any]) -> ResultData:
     return ResultData.from_doc(doc, model=case.model, variant=case.variant,
                                fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
@@ -133,9 +143,12 @@ GOOD_COMPONENT_ROWS = [
 
 def seed_run(session, text: str, *, digest: str, repository: str | None = None, tag: str | None = None,
              builder: str = "buildah", docs: dict[str, dict[str, Any]] | None = None,
-             components: list[dict[str, Any]] | None = None, finish: str | None = "passed"):
+             components: list[dict[str, Any]] | None = None, finish: str | None = "passed",
+             calibrated: bool = True):
     """A run of the manifest `text` with its candidate image and results (docs by case id;
-    default: good results for every case). Returns the Run (flushed, not committed)."""
+    default: good results for every case). Returns the Run (flushed, not committed). calibrated: every
+    result's fingerprint also gets a stored calibration (0.5% run to run), as `qualify calibrate` would
+    have measured on a quiet machine, so that history mode can decide."""
     from qualify.manifest.load import load_manifest_text as load
     from qualify.store import repo
 
@@ -153,10 +166,25 @@ def seed_run(session, text: str, *, digest: str, repository: str | None = None, 
     docs = {cid: good_doc(c) for cid, c in cases.items()} if docs is None else docs
     for case_id, doc in docs.items():
         case = cases[case_id]
+        fp = fingerprint.of_case(case, doc.get("environment") or {})
         repo.record_case_result(session, run.id, case_id=case_id, kind=case.kind, model=case.model,
-                                variant=case.variant, doc=doc,
-                                fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
+                                variant=case.variant, doc=doc, fingerprint=fp)
+        if calibrated:
+            _seed_calibration(session, case_id, fp, rel.gate.regression.metrics_for(case.kind))
     if finish:
         repo.finish_run(session, run, finish)
     session.flush()
     return run
+
+
+def _seed_calibration(session, case_id: str, fp: dict[str, Any], metrics: list[str]) -> None:
+    from qualify.gate import calibration
+    from qualify.store import repo
+
+    known = {(r.fingerprint_key, r.metric) for r in repo.latest_calibrations(session, [calibration.key(fp)])}
+    for metric in metrics:
+        if (calibration.key(fp), metric) not in known:
+            repo.record_calibration(session, fingerprint_key=calibration.key(fp), fingerprint=fp, case_id=case_id,
+                                    metric=metric, image="seeded", launches=5, runs=6, sd_run=0.005, df=20,
+                                    sd_launch=0.01, false_alarm_rate=0.0, aa_comparisons=30, slowdown=0.1,
+                                    slowed_runs=3, detection_rate=1.0, detectable=0.08)

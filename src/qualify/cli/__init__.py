@@ -10,6 +10,7 @@ import typer
 
 from qualify.cli import manifests
 from qualify.cli.attest import attest, verify
+from qualify.cli.calibrate import calibrate
 from qualify.cli.common import QualifyGroup
 from qualify.cli.compare import compare, history
 from qualify.cli.db import db_app
@@ -31,6 +32,7 @@ app.command("report")(report)
 app.command("compare")(compare)
 app.command("history")(history)
 app.command("plan")(plan)
+app.command("calibrate")(calibrate)
 app.command("serve")(serve)
 app.command("attest")(attest)
 app.command("verify")(verify)

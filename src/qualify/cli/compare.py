@@ -6,6 +6,7 @@ here, not a refusal: the gate decides), 2 for an unknown reference or case, 3 wh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -13,7 +14,7 @@ from typing import Optional
 import typer
 
 from qualify.cli.common import DbOption, JsonOption, open_db, say
-from qualify.comparison import case_history, compare_runs, resolve_ref
+from qualify.comparison import calibration_views, case_history, compare_runs, resolve_ref
 from qualify.errors import BadInput
 from qualify.report.views import fmt_number
 
@@ -28,7 +29,7 @@ def compare(ref_a: str = typer.Argument(..., metavar="REF_A", help="the referenc
                                                        help="compare these metrics (default: B's regression metrics)"),
             as_json: bool = JsonOption) -> None:
     """Per case and metric: both medians, the ratio B/A with its 90% interval, and whether the gate's rule calls
-    it a regression, an improvement or noise. A tag stands for its newest PASS run (else its newest finished run)."""
+    it a regression, within tolerance, an improvement or undecided (the gate's rule). A tag stands for its newest PASS run (else its newest finished run)."""
     with open_db(db, migrate=False)() as session:
         a, b = _resolve_pair(session, ref_a, ref_b, repository)
         result = compare_runs(session, a, b, metric or None)
@@ -39,20 +40,21 @@ def compare(ref_a: str = typer.Argument(..., metavar="REF_A", help="the referenc
         say(f"{side}: run {run.run_id} {run.label} ({run.how}), verdict {run.verdict or 'none'}, "
             f"digest {run.digest or 'n/a'}")
     p = result.policy
-    say(f"rule (B's policy, baseline mode {result.baseline_mode}): a regression is worse by more than "
-        f"{p['max_regression']:.0%} and significant (one-sided Welch t-test on the launches' logs, p < {p['alpha']:g}) with >= "
-        f"{p['min_samples']} samples a side, else worse than the noise floor {p['noise_floor']:.0%}; "
-        "an improvement is the same rule the other way round")
+    say(f"rule (B's policy, the gate's history mode; baseline mode {result.baseline_mode}): change = B/A - 1 in the "
+        f"metric's better direction, with one-sided bounds (alpha {p['alpha']:g}) over the two runs, the "
+        f"fingerprint's calibrated run-to-run variation included; a regression when even the best end is below "
+        f"-{p['max_regression']:.0%}, within tolerance when the worst end is above it, an improvement when the worst "
+        f"end is above +{p['max_regression']:.0%}, otherwise undecided (always undecided without a calibration)")
     width = max([len(r.case_id) for r in result.rows] + [4])
     mwidth = max([len(r.metric) for r in result.rows] + [6])
-    say(f"{'case':<{width}}  {'metric':<{mwidth}}  {'A median':>10}  {'B median':>10}  {'B/A':>6}  "
-        f"{'90% interval':<16}  {'p':>7}  {'n B/A':>6}  call")
+    say(f"{'case':<{width}}  {'metric':<{mwidth}}  {'A median':>10}  {'B median':>10}  {'change':>7}  "
+        f"{'worst .. best':<17}  {'n B/A':>6}  call")
     for r in result.rows:
-        interval = f"[{r.ratio_low:.3f}, {r.ratio_high:.3f}]" if r.ratio_low is not None else "n/a"
+        interval = f"{r.change_worst * 100:+.1f}% .. {r.change_best * 100:+.1f}%" if r.change_worst is not None else "n/a"
         say(f"{r.case_id:<{width}}  {r.metric:<{mwidth}}  {fmt_number(r.median_a):>10}  {fmt_number(r.median_b):>10}  "
-            f"{(f'{r.ratio:.3f}' if r.ratio is not None else 'n/a'):>6}  {interval:<16}  "
-            f"{(f'{r.p_value:.3g}' if r.p_value is not None else 'n/a'):>7}  {f'{r.n_b}/{r.n_a}':>6}  {r.call}"
-            + (f" ({r.message})" if r.call in ("missing", "not comparable") else ""))
+            f"{(f'{r.change * 100:+.1f}%' if r.change is not None else 'n/a'):>7}  {interval:<17}  "
+            f"{f'{r.n_b}/{r.n_a}':>6}  {r.call}"
+            + (f" ({r.message})" if r.call in ("missing", "not comparable", "undecided") else ""))
     counts = result.counts()
     say("summary: " + (", ".join(f"{n} {call}" for call, n in sorted(counts.items())) or "nothing to compare"))
 
@@ -82,6 +84,7 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
         raise BadInput(f"unknown metric {metric!r} (known: {', '.join(sorted(metric_info.METRICS))})")
     with open_db(db, migrate=False)() as session:
         metric, points = case_history(session, case_id, metric, repository=repository, limit=limit)
+        calibrations = calibration_views(session, [p.fingerprint_key for p in points], metric)
     if png is not None:
         from qualify.report.charts import history_chart
 
@@ -89,7 +92,8 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
         png.write_bytes(history_chart(case_id, metric, [p.to_dict() for p in points]))
     if as_json:
         print(json.dumps({"case_id": case_id, "metric": metric, "direction": metric_info.direction(metric),
-                          "png": str(png) if png else None, "points": [p.to_dict() for p in points]},
+                          "png": str(png) if png else None, "points": [p.to_dict() for p in points],
+                          "calibrations": [dataclasses.asdict(c) for c in calibrations]},
                          indent=2, default=str))
         return
     say(f"{case_id} {metric} ({metric_info.direction(metric)} is better), {len(points)} runs, oldest first")
@@ -102,5 +106,9 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
                   if p.fingerprint_changes else "same" if k else "first shown")
         say(f"{p.run_id:>5}  {p.tag:<12}  {p.verdict or 'none':<10}  {p.result_status:<7}  {fmt_number(p.median):>10}  "
             f"{span:<21}  {p.n:>3}  {(p.digest or 'n/a')[:14]:<14} {change}")
+    for view in calibrations:
+        say(view.line())
+    if not calibrations:
+        say("no calibration for these fingerprints: history mode cannot decide (qualify calibrate MANIFEST)")
     if png is not None:
         say(f"chart: {png.resolve()}")

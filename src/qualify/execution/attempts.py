@@ -12,6 +12,8 @@ from qualify.execution import spool
 from qualify.execution.launches import unpaired
 from qualify.execution.paired import baseline_document, is_paired_case
 from qualify.execution.ray import infeasible_reason, run_case_on_ray
+from qualify.execution.sequential_inputs import sequential_block
+from qualify.gate.sequential import KEY as SEQUENTIAL
 from qualify.execution.result import CaseRunResult
 from qualify.manifest import fingerprint
 from qualify.manifest.cases import Case
@@ -73,6 +75,11 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
     assert ctx.executor is not None, "obtain_candidate() sets the executor"
     ctx.progress.start_case(case.case_id)
     paired_case = is_paired_case(ctx.paired, ctx.manifest, case)
+    case_doc = case.document()
+    block = sequential_block(ctx.sessions, ctx.manifest, case, paired=paired_case and ctx.paired is not None
+                             and ctx.paired.executor is not None)
+    if block is not None:
+        case_doc[SEQUENTIAL] = block  # more launches while the gate's decision is undecided (gate.sequential)
     attempts = 0
     retries = ctx.manifest.execution.infra_retries
     reason = infeasible(case.resources)
@@ -84,10 +91,10 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         while True:
             attempts += 1
             if paired_case and ctx.paired is not None and ctx.paired.executor is not None and case.resources.nodes == 1:
-                out = runner(ctx.executor, case.document(), case.resources, case.timeout_s,
+                out = runner(ctx.executor, case_doc, case.resources, case.timeout_s,
                              baseline=ctx.paired.executor, baseline_doc=baseline_document(case))
             else:
-                out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
+                out = runner(ctx.executor, case_doc, case.resources, case.timeout_s)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
             retryable = out.retryable or (timed_out and ctx.manifest.execution.retry_timeouts)
             if not retryable or attempts > retries:

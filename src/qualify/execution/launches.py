@@ -3,7 +3,7 @@
 Run-to-run variance (process start, clocks, placement, allocator state) is only sampled by starting
 the workload again. A throughput case therefore runs as `launches` separate processes on the same node
 (one Ray task holds the node's resources for all of them, see execution/ray.py) and the gate tests one figure
-per launch (gate.stats, Welch on logs); the steps and repeats inside a launch give the spread, not the
+per launch (gate.stats, the non-inferiority rule on logs); the steps and repeats inside a launch give the spread, not the
 sample count.
 
 Merged document (pure function, tested directly):
@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
+from qualify.gate import sequential
 from qualify.numbers import finite
 from qualify.result_document import LAUNCH_INDEX, PAIRED_BASELINE, PER_LAUNCH
 
@@ -37,7 +38,7 @@ WITHIN_ONLY_SERIES = ("step_time_s",)
 
 def launch_document(case_doc: Mapping[str, Any], index: int, count: int) -> dict[str, Any]:
     """The case document of one launch: the case's, told which launch it is (a workload may seed by it)."""
-    doc = {k: v for k, v in case_doc.items() if k != "launches"}
+    doc = {k: v for k, v in case_doc.items() if k not in ("launches", sequential.KEY)}
     doc["launch"] = {"index": index, "of": count}
     return doc
 
@@ -110,61 +111,122 @@ def merge_launches(docs: Sequence[Mapping[str, Any]], durations_s: Sequence[floa
     return base
 
 
+def _figure(doc: Mapping[str, Any], metric: str) -> float | None:
+    return finite((doc.get("metrics") or {}).get(metric))
+
+
+def _stop_record(block: Mapping[str, Any] | None, planned: int, ran: int, step: sequential.Step | None) -> dict:
+    if block is None:
+        return {"launches": ran, "planned": planned, "reason": "the planned launches (no sequential decision)"}
+    return {"launches": ran, "planned": planned, "budget": block["max_launches"],
+            "reason": step.reason if step else f"{ran} launches: a launch did not pass"}
+
+
 def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the case's launches one after the other (stopping at the first that does not pass).
+    """Run the case's launches one after the other (stopping at the first that does not pass); with a
+    `sequential` block (gate.sequential, history mode), more launches while the gate's decision is undecided,
+    up to the budget.
 
     launch(doc) -> (result document, seconds). Returns the merged document and the launch documents.
     """
     count = launch_count(case_doc)
+    block = case_doc.get(sequential.KEY)
     docs: list[dict[str, Any]] = []
     durations: list[float] = []
-    for index in range(count):
+    step: sequential.Step | None = None
+    index = 0
+    while True:
         doc, seconds = launch(launch_document(case_doc, index, count))
         docs.append(doc)
         durations.append(seconds)
+        index += 1
         if doc.get("status") != "passed":
+            step = None
             break
-    return merge_launches(docs, durations, planned=count), docs
+        if index < count:
+            continue
+        if block is None:
+            break
+        figures = [_figure(d, block["metric"]) for d in docs]
+        step = sequential.next_step(block, [f for f in figures if f is not None])
+        if not step.more:
+            break
+    merged = merge_launches(docs, durations, planned=count)
+    merged.setdefault("environment", {})["sequential"] = _stop_record(block, count, len(docs), step)
+    return merged, docs
 
 
 # --------------------------------------------------------------------------- paired (gate.regression.baseline: paired)
+
+
+def pair_order(pair: int) -> tuple[str, str]:
+    """Which side launches first in pair k: the Thue-Morse sequence, A B | B A | B A | A B | B A | A B ...
+    (A B B A B A A B ...), so that a drift or an order effect (the second launch of two warmer, a cache
+    filled by the first) falls on both sides alike instead of passing for a regression."""
+    return ("A", "B") if bin(pair).count("1") % 2 == 0 else ("B", "A")
 
 
 def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
                launch_candidate: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
                launch_baseline: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
                baseline_label: str) -> dict[str, Any]:
-    """Candidate and baseline launches interleaved A B A B ... on this node; the candidate's merged document
-    with the baseline side attached (samples `paired_baseline.per_launch.<metric>`, environment `paired`).
+    """Candidate (A) and baseline (B) launches in counterbalanced pairs on this node (pair_order); the
+    candidate's merged document with the baseline side attached (samples `paired_baseline.per_launch.<metric>`,
+    environment `paired`). Each launch document carries its slot in the whole sequence (`launch.slot`).
+    After the planned pairs, a `sequential` block (gate.sequential) adds pairs while the decision is undecided,
+    up to the budget.
 
     A candidate launch that does not pass ends the case as usual. A baseline launch that does not pass ends
     the baseline side only: the case's result stands, and the pairing says why it has no baseline (the gate
     then calls the regression check INCOMPLETE for the case, never a pass).
     """
     count = launch_count(case_doc)
+    block = case_doc.get(sequential.KEY)
     cand_docs: list[dict[str, Any]] = []
     cand_s: list[float] = []
     base_docs: list[dict[str, Any]] = []
     base_s: list[float] = []
     order: list[str] = []
     problem: str | None = None
-    for index in range(count):
-        doc, seconds = launch_candidate(launch_document(case_doc, index, count))
-        cand_docs.append(doc)
-        cand_s.append(seconds)
-        order.append(f"A{index}")
-        if doc.get("status") != "passed":
+    step: sequential.Step | None = None
+    pair = 0
+    while True:
+        for side in pair_order(pair):
+            if side == "A":
+                doc = launch_document(case_doc, pair, count)
+                doc["launch"]["slot"] = len(order)
+                cdoc, seconds = launch_candidate(doc)
+                cand_docs.append(cdoc)
+                cand_s.append(seconds)
+                order.append(f"A{pair}")
+                if cdoc.get("status") != "passed":
+                    break
+            elif problem is None:
+                doc = launch_document(baseline_doc, pair, count)
+                doc["launch"]["slot"] = len(order)
+                bdoc, bseconds = launch_baseline(doc)
+                base_docs.append(bdoc)
+                base_s.append(bseconds)
+                order.append(f"B{pair}")
+                if bdoc.get("status") != "passed":
+                    problem = (f"the baseline ({baseline_label}) did not pass its launch {pair + 1}: "
+                               f"{bdoc.get('error_class')}: {str(bdoc.get('error') or '')[:300]}")
+        pair += 1
+        if cand_docs[-1].get("status") != "passed":
+            step = None
             break
-        if problem is None:
-            bdoc, bseconds = launch_baseline(launch_document(baseline_doc, index, count))
-            base_docs.append(bdoc)
-            base_s.append(bseconds)
-            order.append(f"B{index}")
-            if bdoc.get("status") != "passed":
-                problem = (f"the baseline ({baseline_label}) did not pass its launch {index + 1}: "
-                           f"{bdoc.get('error_class')}: {str(bdoc.get('error') or '')[:300]}")
+        if pair < count:
+            continue
+        if block is None or problem is not None:
+            break
+        cand = [_figure(d, block["metric"]) for d in cand_docs]
+        base = [_figure(d, block["metric"]) for d in base_docs]
+        step = sequential.next_step(block, [c for c in cand if c is not None], [b for b in base if b is not None])
+        if not step.more:
+            break
     merged = merge_launches(cand_docs, cand_s, planned=count)
+    merged.setdefault("environment", {})["sequential"] = _stop_record(block, count, len(cand_docs), step)
     return attach_pairing(merged, base_docs, base_s, order=order, label=baseline_label, problem=problem)
 
 

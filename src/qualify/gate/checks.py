@@ -18,7 +18,9 @@ from qualify import result_document
 from qualify import metrics as metric_info
 from qualify.manifest.cases import Case
 from qualify.manifest.fingerprint import differences as fingerprint_differences
+from qualify.gate import noninferiority as ni
 from qualify.gate import stats
+from qualify.gate.calibration import lookup as calibration_lookup
 from qualify.manifest import Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
 
@@ -353,7 +355,7 @@ def check_probes(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str
 # --------------------------------------------------------------------------- regression
 
 
-def _series(result: ResultData, metric: str) -> list[float]:
+def series(result: ResultData, metric: str) -> list[float]:
     """The samples behind a metric that the gate tests: one figure per independent launch
     (qualify.launches), else the single reported figure. Repeats inside one process are never the
     sample count: they share the process's start-up, clocks and placement."""
@@ -364,15 +366,31 @@ def _series(result: ResultData, metric: str) -> list[float]:
     return [value] if value is not None else []
 
 
+def _regression_status(cmp: stats.Comparison) -> str:
+    """PASS only when non-inferiority is shown, FAIL only when a regression is; the rest is INCOMPLETE."""
+    return {ni.Decision.PASS: PASS, ni.Decision.FAIL: FAIL, ni.Decision.UNDECIDED: INCOMPLETE}[cmp.decision]
+
+
+def _launch_note(result: ResultData) -> str:
+    """How many launches the case took and why (the runner's sequential stop, when it recorded one)."""
+    stop = result.environment.get("sequential") if isinstance(result.environment, Mapping) else None
+    if isinstance(stop, Mapping) and stop.get("reason"):
+        return f" [{stop.get('launches')} launches: {stop['reason']}]"
+    return ""
+
+
 def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData],
                      baseline: Mapping[str, ResultData] | None, baseline_label: str = "", *,
-                     previous_named: bool | None = None) -> list[Reason]:
-    """Compare each case's samples of each regression metric with the previous release's (qualify.gate.stats).
+                     previous_named: bool | None = None,
+                     calibrations: Mapping[str, ni.RunVariation] | None = None) -> list[Reason]:
+    """Compare each case's regression metrics with the previous release's (qualify.gate.stats, the rule in
+    qualify.gate.noninferiority): PASS when non-inferiority is shown, FAIL when a regression is, else INCOMPLETE.
 
-    A result is compared only with a baseline result whose fingerprint matches. When a previous release is
-    named and no usable baseline exists (no PASS run of that tag, the baseline case failed, fingerprints
-    differ, no samples), the check is INCOMPLETE with the reason -- unless the policy says
-    `baseline: optional`, when it is NO-BASELINE (reported, not failing).
+    History mode counts runs: ``calibrations`` maps a result's fingerprint and metric (calibration.lookup)
+    to the run-to-run variation measured for it; without one the comparison is INCOMPLETE ("calibrate, or use
+    paired"). A result is compared only with a baseline result whose fingerprint matches. When a previous
+    release is named and no usable baseline exists, the check is INCOMPLETE with the reason -- unless the
+    policy says `baseline: optional`, when it is NO-BASELINE (reported, not failing).
     """
     reg = policy.regression
     if not reg.enabled:
@@ -393,7 +411,7 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
         if result is None:
             continue
         for metric in reg.metrics_for(case.kind):
-            cand_samples = _series(result, metric)
+            cand_samples = series(result, metric)
             if not cand_samples:
                 if result.status == "passed":
                     reasons.append(Reason("regression", case.case_id, FAIL,
@@ -407,23 +425,23 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
                                       {"metric": metric}))
                 continue
             assert base is not None
-            cmp = stats.compare_samples(cand_samples, _series(base, metric), metric_info.direction(metric),
-                                        metric=metric, max_regression=reg.max_regression, alpha=reg.alpha,
-                                        min_samples=reg.min_samples, noise_floor=reg.noise_floor)
-            if cmp.method == "none":
-                reasons.append(Reason("regression", case.case_id, unusable, f"{metric}: {cmp.message}{suffix}",
-                                      cmp.figures()))
-                continue
-            reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
-                                  f"{metric} {cmp.message}", cmp.figures()))
+            variation = (calibrations or {}).get(calibration_lookup(result.fingerprint, metric))
+            cmp = stats.compare_history(cand_samples, series(base, metric), metric_info.direction(metric),
+                                        variation=variation, metric=metric, max_regression=reg.max_regression,
+                                        alpha=reg.alpha, min_samples=reg.min_samples, max_launches=reg.max_launches)
+            figures = {**cmp.figures(), "calibrated": variation is not None,
+                       "run_to_run": variation.sd_run if variation else None}
+            reasons.append(Reason("regression", case.case_id, _regression_status(cmp),
+                                  f"{metric} {cmp.message}{_launch_note(result)}", figures))
     return reasons
 
 
 def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
                             results: Mapping[str, ResultData]) -> list[Reason]:
     """gate.regression.baseline: paired -- each case's launches against the previous release's launches measured
-    beside them (execution.launches.run_paired), pair by pair (stats.compare_pairs). A case without its
-    baseline side (the previous image could not be had, or its launch failed) is INCOMPLETE with the reason."""
+    beside them in counterbalanced order (execution.paired.run_paired), pair by pair (stats.compare_pairs). A
+    case without its baseline side (the previous image could not be had, or its launch failed) is INCOMPLETE
+    with the reason."""
     reg = policy.regression
     reasons: list[Reason] = []
     for case in cases:
@@ -442,14 +460,11 @@ def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
                 continue
             cmp = stats.compare_pairs(cand, base, metric_info.direction(metric), metric=metric,
                                       max_regression=reg.max_regression, alpha=reg.alpha,
-                                      min_samples=reg.min_samples, noise_floor=reg.noise_floor)
+                                      min_samples=reg.min_samples, max_launches=reg.max_launches)
             figures = {**cmp.figures(), "baseline": paired.get("baseline") if paired else None,
                        "order": paired.get("order") if paired else None, "candidate": cand, "baseline_samples": base}
-            if cmp.method == "none":
-                reasons.append(Reason("regression", case.case_id, INCOMPLETE, f"{metric}: {cmp.message}", figures))
-                continue
-            reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
-                                  f"{metric} {cmp.message}", figures))
+            reasons.append(Reason("regression", case.case_id, _regression_status(cmp),
+                                  f"{metric} {cmp.message}{_launch_note(result)}", figures))
     return reasons
 
 
@@ -463,7 +478,7 @@ def _unusable_baseline(result: ResultData, base: ResultData | None, metric: str)
     if diffs:
         return "not like for like, the fingerprints differ: " + "; ".join(diffs[:6]) + (
             f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
-    if not _series(base, metric):
+    if not series(base, metric):
         return f"the baseline result has no {metric}"
     return None
 
@@ -500,26 +515,29 @@ def check_variant_gains(policy: GatePolicy, cases: Sequence[Case], results: Mapp
             label = f"{gain.variant} vs {gain.baseline} on {model}"
             missing = [cid for cid in (variant_id, base_id)
                        if results.get(cid) is None or results[cid].status != "passed"
-                       or not _series(results[cid], gain.metric)]
+                       or not series(results[cid], gain.metric)]
             if missing:
                 msg = f"{label}: cannot compute the gain, no passed {gain.metric} for {', '.join(missing)}"
                 reasons.append(Reason("variant_gain", variant_id, INCOMPLETE if gain.enforce else PASS,
                                       msg + ("" if gain.enforce else " (not enforced)"), figures))
                 continue
-            interval = stats.gain_interval(_series(results[variant_id], gain.metric),
-                                           _series(results[base_id], gain.metric), direction)
-            if interval is None:
+            gained = stats.gain_outcome(series(results[variant_id], gain.metric),
+                                        series(results[base_id], gain.metric), direction, required=gain.min_gain,
+                                        alpha=policy.regression.alpha)
+            if gained is None:
                 reasons.append(Reason("variant_gain", variant_id, INCOMPLETE if gain.enforce else PASS,
-                                      f"{label}: median {gain.metric} is not positive", figures))
+                                      f"{label}: fewer than 2 positive launches of {gain.metric} on a side",
+                                      figures))
                 continue
-            figures.update({"gain": interval.gain, "gain_low": interval.low, "gain_high": interval.high,
-                            "confidence": interval.confidence, "n_variant": interval.n_variant,
-                            "n_baseline": interval.n_baseline})
-            outcome = interval.judge(gain.min_gain)
-            msg = (f"{label}: gain {_pct(interval.gain)} ({interval.confidence:.0%} interval "
-                   f"{_pct(interval.low)} .. {_pct(interval.high)}), required {_pct(gain.min_gain)}: "
-                   + {"met": "met", "missed": "missed", "inconclusive": "inconclusive (the interval spans the "
-                      "requirement: more samples are needed to tell)"}[outcome])
+            iv = gained.outcome.interval
+            figures.update({"gain": iv.change, "gain_low": iv.worst, "gain_high": iv.best, "alpha": iv.alpha,
+                            "n": iv.n, "design": iv.design})
+            outcome = gained.judgement
+            msg = (f"{label}: gain {_pct(iv.change)} (one-sided {1 - iv.alpha:.0%} bounds "
+                   f"{_pct(iv.worst)} .. {_pct(iv.best)}, Welch on the launches' logs), required {_pct(gain.min_gain)}: "
+                   + {"met": "met (the worst end clears it)", "missed": "missed (even the best end falls short)",
+                      "inconclusive": "inconclusive (the interval spans the requirement: more launches are needed "
+                      "to tell)"}[outcome])
             if not gain.enforce:
                 msg += " (reported only, not enforced)"
                 status = PASS

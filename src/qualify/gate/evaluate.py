@@ -27,6 +27,7 @@ from qualify.gate.checks import (
     check_variant_evidence,
     check_variant_gains,
 )
+from qualify.gate.noninferiority import RunVariation
 from qualify.manifest import Component, GatePolicy, Waiver
 from qualify.outcomes import Verdict
 
@@ -75,13 +76,15 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
              baseline: Mapping[str, ResultData] | Sequence[ResultData] | None = None, *,
              today: dt.date, expected_components: Sequence[Component] = (),
              waivers: Sequence[Waiver] | None = None, baseline_label: str = "",
-             previous_named: bool | None = None) -> Judgement:
+             previous_named: bool | None = None,
+             calibrations: Mapping[str, RunVariation] | None = None) -> Judgement:
     """Judge one run.
 
     ``baseline`` is the previous release's results by case id, or None when there is no usable
     baseline run. ``previous_named`` says whether the release names a previous tag (then a missing
     baseline is INCOMPLETE unless the policy makes it optional; see check_regression).
-    ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
+    ``calibrations``: the run-to-run variation per fingerprint and metric (qualify.gate.calibration.lookup)
+    that history mode needs to decide. ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
     """
     current = _index(results)
     base = None if baseline is None else _index(baseline)
@@ -91,7 +94,8 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_thresholds(policy, cases, current)
     reasons += check_agreement(policy, cases, current)
     reasons += check_probes(policy, cases, current)
-    reasons += check_regression(policy, cases, current, base, baseline_label, previous_named=previous_named)
+    reasons += check_regression(policy, cases, current, base, baseline_label, previous_named=previous_named,
+                                calibrations=calibrations)
     reasons += check_variant_gains(policy, cases, current)
     reasons += check_variant_evidence(cases, current)
     reasons += check_quantization_evidence(cases, current)

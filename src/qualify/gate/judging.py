@@ -73,9 +73,10 @@ def evaluate_run(session: Session, run_id: int, *, today: dt.date | None = None,
     elif previous:
         label = (f"{manifest.release.repository}:{previous} has no run whose latest decision is PASS "
                  "(check release.previous_tag and release.repository)")
+    calibrations = repo.calibrations_for(session, [r.fingerprint for r in results.values()])
     judgement = evaluate(manifest.gate, cases, results, components, baseline,
                          today=today or dt.date.today(), expected_components=manifest.components,
-                         baseline_label=label, previous_named=bool(previous))
+                         baseline_label=label, previous_named=bool(previous), calibrations=calibrations)
     decision = None
     if record:
         decision = repo.record_decision(session, run, judgement.verdict, judgement.reason_dicts(),

@@ -667,14 +667,32 @@ class RegressionPolicy(Strict):
     def metrics_for(self, kind: str) -> list[str]:
         named = self.metrics.get(kind) or []
         return [named] if isinstance(named, str) else list(named)
-    # Defaults and why: qualify.metrics (proved by benchmarks/gate_stats.py).
-    max_regression: float = Field(default=metric_info.RECOMMENDED_MAX_REGRESSION, ge=0, lt=1)
+    # Defaults and why: qualify.metrics; the rule: qualify.gate.noninferiority (PASS = non-inferiority
+    # shown, FAIL = a regression beyond max_regression shown, else more launches, then INCOMPLETE).
+    max_regression: float = Field(default=metric_info.RECOMMENDED_MAX_REGRESSION, gt=0, lt=1)
+    # One-sided error probability of each of a false PASS and a false FAIL, over all looks (confidence 1 - alpha).
     alpha: float = Field(default=metric_info.RECOMMENDED_ALPHA, gt=0, lt=0.5)
-    # Launch-level samples (execution.launches) each side needs for the test; fewer: ratio vs noise floor.
-    min_samples: int = Field(default=metric_info.RECOMMENDED_MIN_SAMPLES, ge=2)
-    # With too few samples, only a ratio beyond this floor (the machine's noise) fails.
-    noise_floor: float = Field(default=metric_info.RECOMMENDED_NOISE_FLOOR, ge=0, lt=1)
+    # The first look: launches (pairs) before the first decision. Must not exceed the planned launches of a
+    # kind that is compared (refused at validation, never a silent fallback).
+    min_samples: int = Field(default=metric_info.RECOMMENDED_MIN_SAMPLES, ge=2, le=20)
+    # The budget: an undecided comparison gets more launches (pairs) up to this many, then is INCOMPLETE.
+    max_launches: int = Field(default=metric_info.RECOMMENDED_MAX_LAUNCHES, ge=2, le=20)
     enabled: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gone(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "noise_floor" in value:
+            raise ValueError("noise_floor is gone: a ratio against a noise floor is no longer a way to PASS "
+                             "(the gate shows non-inferiority or takes more launches, up to max_launches); remove it")
+        return value
+
+    @model_validator(mode="after")
+    def _budget(self) -> "RegressionPolicy":
+        if self.max_launches < self.min_samples:
+            raise ValueError(f"max_launches ({self.max_launches}) is below min_samples ({self.min_samples}): "
+                             "the budget must allow the first look")
+        return self
 
 
 class VariantGain(Strict):
@@ -826,7 +844,25 @@ class ReleaseManifest(Strict):
         if self.gate.regression.baseline == "paired" and self.gate.regression.enabled and not self.release.previous_tag:
             raise ValueError("gate.regression.baseline 'paired' re-measures the previous release beside the "
                              "candidate: name it in release.previous_tag")
+        self._launches_cover_first_look()
         return self
+
+    def _launches_cover_first_look(self) -> None:
+        """min_samples above a compared kind's planned launches is refused (never a silent fallback)."""
+        reg = self.gate.regression
+        if not (reg.enabled and self.release.previous_tag):
+            return
+        kinds = ({"train"} if self.training else set()) | ({"infer"} if self.inference else set()) | {
+            c.kind for c in self.custom_cases}
+        for kind in sorted(kinds):
+            planned = self.execution.launches_for(kind)
+            if reg.metrics_for(kind) and planned < reg.min_samples:
+                raise ValueError(f"gate.regression.min_samples: {reg.min_samples} is above execution.launches for "
+                                 f"{kind} ({planned}): the first decision needs {reg.min_samples} launches; raise "
+                                 f"execution.launches.{kind} to {reg.min_samples} or lower min_samples")
+            if reg.metrics_for(kind) and planned > reg.max_launches:
+                raise ValueError(f"gate.regression.max_launches: {reg.max_launches} is below execution.launches for "
+                                 f"{kind} ({planned}): raise max_launches or lower the launches")
 
     def case_counts(self) -> dict[str, int]:
         """How many cases each part of the matrix expands to, by field path, computed

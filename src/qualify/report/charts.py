@@ -14,7 +14,8 @@ from qualify.numbers import finite, signed_pct
 
 STATUS_COLOURS = {"PASS": "#2da44e", "FAIL": "#cf222e", "INCOMPLETE": "#bf8700", "WAIVED": "#8c959f",
                   "NO-BASELINE": "#8c959f", None: "#57606a"}
-CALL_COLOURS = {"regression": "#cf222e", "improvement": "#2da44e", "noise": "#57606a", "not comparable": "#bf8700",
+CALL_COLOURS = {"regression": "#cf222e", "improvement": "#2da44e", "within tolerance": "#2da44e",
+                "undecided": "#9a6700", "not comparable": "#bf8700",
                 "missing": "#bf8700"}
 BAR = "#4c72b0"
 BAR2 = "#dd8452"
@@ -194,27 +195,19 @@ def inference_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
     return _png(fig)
 
 
-def _better(ratio: float | None, direction: str) -> float | None:
-    """Relative change in the better direction (+ better, - worse) from a ratio B/A."""
-    if ratio is None or ratio <= 0:
-        return None
-    return ratio - 1 if direction == "higher" else 1 / ratio - 1
-
-
 def baseline_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     """Each case and metric's change against the baseline (+ better), with its interval and the tolerance the
     gate allowed. rows: MetricComparison dicts (plus an optional gate `status`)."""
     plt = _plt()
-    shown = [r for r in rows if _better(r.get("ratio"), r["direction"]) is not None]
+    shown = [r for r in rows if r.get("change") is not None]
     fig, ax = plt.subplots(figsize=(9.5, max(2.2, 0.38 * len(shown) + 1.5)))
     if not shown:
         _no_data(ax, "nothing to compare")
         return _png(fig)
     ys = list(range(len(shown)))[::-1]
     for y, r in zip(ys, shown):
-        change = _better(r["ratio"], r["direction"])
-        assert change is not None
-        lo, hi = _better(r.get("ratio_low"), r["direction"]), _better(r.get("ratio_high"), r["direction"])
+        change = r["change"]  # B / A - 1 in the better direction (qualify.gate.noninferiority's scale)
+        lo, hi = r.get("change_worst"), r.get("change_best")
         colour = CALL_COLOURS.get(r["call"], "#57606a")
         if lo is not None and hi is not None:
             lo, hi = min(lo, hi), max(lo, hi)
@@ -226,11 +219,11 @@ def baseline_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     ax.axvline(0, color="#24292f", linewidth=0.8)
     if tolerance:
         ax.axvline(-tolerance * 100, color="#cf222e", linestyle="--", linewidth=1,
-                   label=f"tolerance -{tolerance:.0%} (beyond it, and significant: regression)")
+                   label=f"tolerance -{tolerance:.0%} (worst end inside: PASS; best end beyond: regression)")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 1.2 / max(4, len(shown) * 2.5)),
                   frameon=False)
     ax.set_yticks(ys, [f"{r['case_id']} {r['metric']}" for r in shown], fontsize=7.5)
-    ax.set_xlabel("change vs baseline, % (+ better), median with 90% interval", fontsize=8)
+    ax.set_xlabel("change vs baseline, % (+ better), with the gate's one-sided bounds", fontsize=8)
     ax.set_title(title, fontsize=9)
     ax.margins(x=0.25)
     fig.tight_layout()

@@ -39,7 +39,7 @@ nav{font-size:13px;padding:8px 0;border-bottom:1px solid #d0d7de}
 nav a{margin-right:12px;color:#0969da;text-decoration:none}
 .PASS{color:#1a7f37}.FAIL{color:#cf222e;font-weight:600}.INCOMPLETE{color:#9a6700;font-weight:600}
 .WAIVED,.NO-BASELINE{color:#57606a}
-.regression{color:#cf222e;font-weight:600}.improvement{color:#1a7f37}.noise{color:#57606a}
+.regression{color:#cf222e;font-weight:600}.improvement{color:#1a7f37}.within-tolerance{color:#1a7f37}.undecided{color:#9a6700}
 .missing,.not-comparable{color:#9a6700}
 tr.bad td{background:#ffebe9}
 details{margin:8px 0}summary{cursor:pointer;color:#0969da}
@@ -294,25 +294,26 @@ def _baseline(view: dict[str, Any]) -> str:
     how = ("paired: the previous image measured beside the candidate" if comparison["baseline_mode"] == "paired" else
            f"{comparison['baseline_mode']}: the previous release's stored results")
     policy = comparison["policy"]
-    out.append(f"<p>Baseline: run {baseline_run['run_id']} of {esc(baseline_run['label'])} "
-               f"(digest <code>{esc(baseline_run['digest'] or 'n/a')}"
-               f"</code>), {esc(how)}. Rule: a regression is a change beyond {policy['max_regression']:.0%} that is "
-               f"significant (one-sided Welch t-test on the launches' logs, p &lt; {policy['alpha']:g}) "
-               f"with ≥ {policy['min_samples']} "
-               f"samples a side, else beyond the noise floor {policy['noise_floor']:.0%}. Ratio = candidate median / "
-               f"baseline median, 90% bootstrap interval.</p>")
+    out.append(f"<p>Baseline: run {baseline_run['run_id']} of {esc(baseline_run['label'])} (digest <code>{esc(baseline_run['digest'] or 'n/a')}"
+               f"</code>), {esc(how)}. Rule (qualify.gate.noninferiority): change = candidate / baseline − 1 in "
+               f"the metric's better direction, with one-sided bounds over the two runs (the fingerprint's calibrated "
+               f"run-to-run variation included; alpha {policy['alpha']:g} over all looks, first look at "
+               f"{policy['min_samples']} launches, budget {policy['max_launches']}). PASS when the worst end is within "
+               f"−{policy['max_regression']:.0%}, FAIL when even the best end is beyond it, otherwise undecided "
+               f"(INCOMPLETE).</p>")
     rows, classes = [], []
     for row in comparison["rows"]:
-        interval = (f"[{row['ratio_low']:.3f} .. {row['ratio_high']:.3f}]" if row.get("ratio_low") is not None
-                    else "n/a")
+        interval = (f"{row['change_worst'] * 100:+.1f}% .. {row['change_best'] * 100:+.1f}%"
+                    if row.get("change_worst") is not None else "n/a")
         rows.append([esc(row["case_id"]), esc(row["metric"]), _n(row["median_a"]), _n(row["median_b"]),
-                     esc(f"{row['ratio']:.3f}" if row.get("ratio") is not None else "n/a"), esc(interval),
-                     esc(f"{row['p_value']:.3g}" if row.get("p_value") is not None else "n/a"),
+                     esc(f"{row['change'] * 100:+.1f}%" if row.get("change") is not None else "n/a"), esc(interval),
+                     esc(f"≥ {row['could_see']:.0%}" if row.get("could_see") is not None else "n/a"),
                      esc(f"{row['n_b']} vs {row['n_a']}"),
                      f"<span class='{esc(row['call'].replace(' ', '-'))}'>{esc(row['call'])}</span>",
                      _status(row.get("gate_status")), esc(row["message"])])
         classes.append("bad" if row["call"] == "regression" else "")
-    out.append(_table(["case", "metric", "baseline", "candidate", "ratio", "interval", "p", "samples", "call",
+    out.append(_table(["case", "metric", "baseline", "candidate", "change", "worst .. best", "could see", "launches",
+                       "call",
                        "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "num", "num", "", "", ""], row_classes=classes))
     title = f"change against run {baseline_run['run_id']} ({baseline_run['label']})"
@@ -325,11 +326,13 @@ def _baseline(view: dict[str, Any]) -> str:
 def _paired(rows_in: list[dict[str, Any]], policy: dict[str, Any]) -> str:
     """gate.regression.baseline: paired -- the previous release measured beside the candidate, launch by launch."""
     out = ["<section id='baseline'><h2>Comparison with the baseline (paired)</h2>",
-           "<p>The previous release's image was measured on the same node as the candidate, launches interleaved "
-           "A B A B, so that the machine's state is the same for both sides of a pair. Rule: a regression is a "
-           f"median pair change beyond {policy.get('max_regression', 0):.0%} that is significant (one-sided paired "
-           f"t-test on the log ratios, p &lt; {policy.get('alpha', 0.05):g}) with ≥ {policy.get('min_samples')} pairs, "
-           f"else beyond the noise floor {policy.get('noise_floor', 0):.0%}.</p>"]
+           "<p>The previous release's image was measured on the same node as the candidate, launches in "
+           "counterbalanced order (A B B A B A A B ...), so that the machine's state is the same for both sides of a "
+           "pair and an order effect cannot pass for a regression. Rule (qualify.gate.noninferiority): change = "
+           "candidate / baseline − 1 in the better direction, Student-t bounds on the mean log pair ratio at the "
+           f"sequential look's level (alpha {policy.get('alpha', 0.05):g} over all looks, first look at "
+           f"{policy.get('min_samples')} pairs, budget {policy.get('max_launches')}); PASS when the worst end is within "
+           f"−{policy.get('max_regression', 0):.0%}, FAIL when even the best end is beyond it, else INCOMPLETE.</p>"]
     if not rows_in:
         out.append("<p class='note'>no paired comparison was recorded</p></section>")
         return "".join(out)
@@ -339,12 +342,13 @@ def _paired(rows_in: list[dict[str, Any]], policy: dict[str, Any]) -> str:
         pairs = " ".join(f"{cand_value:.4g}/{base_value:.4g}" for cand_value, base_value in zip(cand, base)) or "n/a"
         rows.append([esc(row.get("case_id") or ""), esc(row.get("metric") or ""), _n(row.get("median_baseline")),
                      _n(row.get("median_candidate")),
-                     esc(f"{row['ratio']:.3f}" if row.get("ratio") is not None else "n/a"),
-                     esc(f"{row['p_value']:.3g}" if row.get("p_value") is not None else "n/a"), esc(pairs),
+                     esc(f"{row['change'] * 100:+.1f}%" if row.get("change") is not None else "n/a"),
+                     esc(f"{row['change_worst'] * 100:+.1f}% .. {row['change_best'] * 100:+.1f}%"
+                         if row.get("change_worst") is not None else "n/a"), esc(pairs),
                      esc(" ".join(row.get("order") or []) or "n/a"), esc(row.get("baseline") or "n/a"),
                      _status(row.get("status")), esc(row.get("message") or "")])
         classes.append("bad" if row.get("status") == "FAIL" else "")
-    out.append(_table(["case", "metric", "baseline median", "candidate median", "median pair ratio", "p",
+    out.append(_table(["case", "metric", "baseline median", "candidate median", "change", "worst .. best",
                        "pairs (candidate/baseline)", "order", "baseline image", "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "", "", "", "", ""], row_classes=classes))
     out.append("</section>")
@@ -537,6 +541,26 @@ def _environment(view: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _calibrations(d: dict[str, Any]) -> str:
+    """What the regression check could see here: `qualify calibrate`'s measurements of each result's fingerprint."""
+    rows_in = d.get("calibrations") or []
+    out = ["<section id='calibrations'><h2>What the regression check can see (calibrations)</h2>"]
+    if not rows_in:
+        out.append("<p class='note'>no calibration for this run's fingerprints: history mode cannot decide "
+                   "(<code>qualify calibrate MANIFEST</code>), paired mode does not need one.</p></section>")
+        return "".join(out)
+    rows = [[esc(r["case_id"]), esc(r["metric"]), esc(r["created_at"][:19]), esc(f"{r['runs']} × {r['launches']}"),
+             esc(f"{r['sd_run']:.2%}"), esc(f"{r['sd_launch']:.2%}"),
+             esc(f"{r['false_alarm_rate']:.0%} of {r['aa_comparisons']}"),
+             esc(f"{r['detection_rate']:.0%} at {r['slowdown']:.0%}" if r.get("detection_rate") is not None else "n/a"),
+             esc(f"≥ {r['detectable']:.0%}")] for r in rows_in]
+    out.append(_table(["case", "metric", "calibrated", "runs × launches", "run-to-run", "launch sd",
+                       "realized false alarms", "slowdown detected", "could see (90% power)"], rows,
+                      classes=["", "", "", "num", "num", "num", "num", "num", "num"]))
+    out.append("</section>")
+    return "".join(out)
+
+
 def render(view: dict[str, Any]) -> str:
     """The report of reporting.report_view (run_detail's keys are enough: policy and baseline are optional)."""
     decision = view["decisions"][-1] if view["decisions"] else None
@@ -554,6 +578,7 @@ def render(view: dict[str, Any]) -> str:
         _components(view),
         _training(view, decision),
         _baseline(view),
+        _calibrations(view),
         _inference(view, decision),
         _probes(view, decision),
         _waivers(view, decision),

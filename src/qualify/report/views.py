@@ -182,6 +182,22 @@ def policy_view(run: Run) -> dict[str, Any] | None:
     return gate
 
 
+def calibrations_view(session: Session, run_id: int) -> list[dict[str, Any]]:
+    """What `qualify calibrate` measured for the fingerprints of this run's results (per case and metric)."""
+    import dataclasses
+
+    from qualify.comparison import calibration_views
+    from qualify.gate.calibration import key
+
+    out: list[dict[str, Any]] = []
+    for row in repo.case_results(session, run_id):
+        if not row.fingerprint:
+            continue
+        for view in calibration_views(session, [key(row.fingerprint)], "*"):
+            out.append({"case_id": row.case_id, **dataclasses.asdict(view), "line": view.line()})
+    return out
+
+
 def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     """Everything the HTML report shows: the run's detail, its stored policy, and the comparison with the
     baseline run the gate used (per case and metric, with the gate's rule: qualify.comparison)."""
@@ -194,6 +210,7 @@ def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     assert run is not None
     detail["policy"] = policy_view(run)
     detail["earlier_runs"] = earlier_runs(session, run)
+    detail["calibrations"] = calibrations_view(session, run_id)
     decision = detail["decisions"][-1] if detail["decisions"] else None
     detail["baseline"] = None
     detail["baseline_note"] = None

@@ -233,3 +233,29 @@ class DatabaseIdentity(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     uuid: Mapped[str] = mapped_column(String(32))
+class Calibration(Base):
+    """What `qualify calibrate` measured for one case fingerprint and metric (qualify.gate.calibration): the
+    run-to-run variation the gate's history mode adds to a comparison, and the check's realized error rates.
+    Append-only: the gate reads the newest row of a (fingerprint_key, metric)."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (Index("ix_calibrations_key_metric", "fingerprint_key", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint_key: Mapped[str] = mapped_column(String(64))  # calibration.key(fingerprint)
+    fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON)
+    case_id: Mapped[str] = mapped_column(String(512))
+    metric: Mapped[str] = mapped_column(String(128))
+    image: Mapped[str] = mapped_column(String(700))  # what was measured (the manifest's candidate, or the python)
+    launches: Mapped[int] = mapped_column(Integer)  # per run
+    runs: Mapped[int] = mapped_column(Integer)  # A/A runs
+    sd_run: Mapped[float] = mapped_column(Float)  # run-level sd of the log figure
+    df: Mapped[float] = mapped_column(Float)
+    sd_launch: Mapped[float] = mapped_column(Float)  # pooled within-run sd of the log launch figures
+    false_alarm_rate: Mapped[float] = mapped_column(Float)  # A/A pairs the rule FAILed
+    aa_comparisons: Mapped[int] = mapped_column(Integer)
+    slowdown: Mapped[float] = mapped_column(Float)  # the injected params.slowdown
+    slowed_runs: Mapped[int] = mapped_column(Integer)
+    detection_rate: Mapped[float | None] = mapped_column(Float)  # slowed-vs-A pairs the rule FAILed
+    detectable: Mapped[float] = mapped_column(Float)  # the drop detected with 90% power at `launches`
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

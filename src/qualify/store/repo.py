@@ -15,6 +15,7 @@ from qualify.errors import BadInput
 from qualify.manifest.load import LoadedManifest, load_manifest_text
 from qualify.outcomes import Verdict
 from qualify.store.models import (
+    Calibration,
     CaseResult,
     ComponentCheck,
     GateDecision,
@@ -314,3 +315,37 @@ def run_manifest(run: Run, path: Path | None = None) -> LoadedManifest:
     expired since: the gate judges expiry itself. Raises ManifestError if the stored text is unreadable."""
     return load_manifest_text(run.manifest_text, str(path) if path else f"run {run.id} manifest", path=path,
                               check_expiry=False)
+
+
+# --------------------------------------------------------------------------- calibrations
+
+
+def record_calibration(session: Session, **fields: Any) -> Calibration:
+    row = Calibration(**fields)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def latest_calibrations(session: Session, keys: Sequence[str] | None = None) -> list[Calibration]:
+    """The newest calibration of each (fingerprint_key, metric), of the given fingerprint keys (all: None)."""
+    stmt = select(Calibration).order_by(Calibration.id.desc())
+    if keys is not None:
+        stmt = stmt.where(Calibration.fingerprint_key.in_(list(keys)))
+    seen: set[tuple[str, str]] = set()
+    out: list[Calibration] = []
+    for row in session.scalars(stmt):
+        if (row.fingerprint_key, row.metric) not in seen:
+            seen.add((row.fingerprint_key, row.metric))
+            out.append(row)
+    return out
+
+
+def calibrations_for(session: Session, fingerprints: Sequence[Any]) -> dict[str, Any]:
+    """The gate's calibrations mapping (qualify.gate.calibration.lookup -> RunVariation) for these fingerprints."""
+    from qualify.gate.calibration import key, variation_of
+
+    keys = sorted({key(fp) for fp in fingerprints if fp})
+    if not keys:
+        return {}
+    return {f"{row.fingerprint_key}/{row.metric}": variation_of(row) for row in latest_calibrations(session, keys)}

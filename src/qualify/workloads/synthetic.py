@@ -4,9 +4,14 @@ params:
   samples: {metric: [values, ...]}   each metric's figure is the median of its samples; samples stored
   launch_samples: [{metric: [...]}, ...]
                                       launch k of the case reports entry k (modulo the list) instead of
-                                      `samples`: launch-to-launch variation on demand
-  slowdown: f                         every figure divided by 1 + f (a slower candidate on demand; the baseline
-                                      side of a paired case never gets it)
+                                      `samples`: launch-to-launch variation on demand. In a paired case k is
+                                      the launch's slot in the whole counterbalanced sequence (`launch.slot`),
+                                      so the two sides of a pair report different entries: pairs with spread
+  slowdown: f                         fractional extra work per step (0.10 = 10% more compute), the same name
+                                      and meaning as the training workload's: a higher-is-better figure (a
+                                      rate, `*_per_s*`) is divided by 1 + f, a time (`*_s`, `*_s_p90`)
+                                      multiplied by it, anything else left alone. A slower candidate on
+                                      demand (the baseline side of a paired case never gets it)
   fail: <error class>                 report a failed result of that class (e.g. low_agreement, nan_loss)
   signal: SEGV                        die by that signal (a crash the executor must classify)
 """
@@ -14,12 +19,24 @@ params:
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import sys
 from typing import Any
 
 from qualify.workloads import protocol
+
+
+def _slowed(metric: str, value: float, slowdown: float) -> float:
+    """The figure of a run that does 1 + slowdown times the work: rates (`*_per_s*`) fall, times (`*_s`,
+    `*_s_p90`, ...) grow, anything else stays. By name: the workload runs in the image and cannot import
+    qualify.metrics (tests/unit/test_workload_boundary.py)."""
+    if "_per_s" in metric:
+        return value / (1 + slowdown)
+    if re.search(r"_s(_|$)", metric):
+        return value * (1 + slowdown)
+    return value
 
 
 def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
@@ -37,7 +54,7 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
         if not isinstance(by_launch, list) or not by_launch:
             raise protocol.BadCase("params.launch_samples must be a non-empty list of sample maps")
         launch = case.get("launch") or {}
-        index = launch.get("index", 0) if isinstance(launch, dict) else 0
+        index = launch.get("slot", launch.get("index", 0)) if isinstance(launch, dict) else 0
         samples = by_launch[(index if isinstance(index, int) else 0) % len(by_launch)]
     if not isinstance(samples, dict) or not all(
             isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
@@ -46,7 +63,7 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
     slowdown = params.get("slowdown", 0.0)
     if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 10:
         raise protocol.BadCase(f"params.slowdown: a fraction in [0, 10), got {slowdown!r}")
-    series = {name: [float(x) / (1 + slowdown) for x in values] for name, values in samples.items()}
+    series = {name: [_slowed(name, float(x), slowdown) for x in values] for name, values in samples.items()}
     metrics = {name: statistics.median(values) for name, values in series.items()}
     if params.get("fail"):
         error_class = str(params["fail"])

@@ -1,0 +1,73 @@
+"""Sample until decided: the runner's question "another launch (pair)?", as a pure function of plain data.
+
+The driver puts a ``sequential`` block into the case document (:func:`spec`), built from the policy and,
+in history mode, the baseline run's launch figures and the fingerprint's calibrated run-to-run variation.
+The case's one Ray task runs its planned launches, then asks :func:`next_step` after each further launch
+(or pair) whether to go on, up to ``max_launches``: it stops as soon as the gate's decision at that look is
+PASS or FAIL (qualify.gate.noninferiority: the same interval, at the look's alpha-spending level, that
+the gate judges afterwards). The merged result records how many launches ran and why they stopped
+(environment ``sequential``), which the verdict and `runs show` repeat.
+
+No block (regression disabled, no regression metric for the kind, a multi-node case, history mode without
+a baseline or a calibration): the planned launches only, said so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from qualify.gate import noninferiority as ni
+from qualify.gate import stats
+from qualify.metrics import Direction
+
+KEY = "sequential"
+
+
+def spec(*, metric: str, direction: Direction, mode: str, max_regression: float, alpha: float, min_samples: int,
+         max_launches: int, baseline: Sequence[float] | None = None,
+         variation: ni.RunVariation | None = None) -> dict[str, Any]:
+    """The case document's ``sequential`` block (JSON-safe)."""
+    return {"metric": metric, "direction": direction, "mode": mode, "max_regression": max_regression,
+            "alpha": alpha, "min_samples": min_samples, "max_launches": max_launches,
+            "baseline": list(baseline) if baseline is not None else None,
+            "variation": {"sd_run": variation.sd_run, "df": variation.df} if variation else None}
+
+
+@dataclass(frozen=True)
+class Step:
+    more: bool
+    reason: str
+
+
+def _comparison(block: Mapping[str, Any], candidate: Sequence[float],
+                paired_baseline: Sequence[float] | None) -> stats.Comparison:
+    common = dict(metric=block["metric"], max_regression=block["max_regression"], alpha=block["alpha"],
+                  min_samples=block["min_samples"], max_launches=block["max_launches"])
+    if block["mode"] == "paired":
+        return stats.compare_pairs(candidate, paired_baseline or [], block["direction"], **common)
+    var = block.get("variation")
+    variation = ni.RunVariation(float(var["sd_run"]), float(var["df"])) if var else None
+    return stats.compare_history(candidate, block.get("baseline") or [], block["direction"], variation=variation,
+                                 **common)
+
+
+def next_step(block: Mapping[str, Any], candidate: Sequence[float],
+              paired_baseline: Sequence[float] | None = None) -> Step:
+    """After n = len(candidate) launches (pairs): another one? Never past max_launches."""
+    n = len(candidate)
+    budget = int(block["max_launches"])
+    if n < int(block["min_samples"]):
+        return Step(True, f"{n} launches, below the first look at {block['min_samples']}")
+    cmp = _comparison(block, candidate, paired_baseline)
+    unit = "pairs" if block["mode"] == "paired" else "launches"
+    if cmp.outcome is None:
+        return Step(False, f"no decision to wait for: {cmp.problem}")
+    if cmp.decision is not ni.Decision.UNDECIDED:
+        return Step(False, f"decided ({cmp.decision.value}) after {n} {unit}")
+    if n >= budget:
+        return Step(False, f"still undecided at the budget of {budget} {unit} (gate.regression.max_launches)")
+    if cmp.outcome.needed is None:
+        return Step(False, f"undecided after {n} {unit}, and no number of {unit} would decide it here "
+                           "(the run-to-run variation alone is too wide)")
+    return Step(True, f"undecided after {n} {unit}")
