@@ -27,9 +27,15 @@ from qualify.gate.evaluate import decide, evaluate
 from qualify.manifest import Waiver
 
 
-def judge(rel, results, *, baseline=None, components=GOOD_COMPONENTS, today=TODAY, waivers=None):
+_GOOD_BASELINE = object()  # the previous release's good results (release() names one)
+
+
+def judge(rel, results, *, baseline=_GOOD_BASELINE, components=GOOD_COMPONENTS, today=TODAY, waivers=None,
+          previous_named=None):
+    if baseline is _GOOD_BASELINE:
+        baseline = good_results(rel, seed=100)
     return evaluate(rel.gate, cases_of(rel), results, components, baseline, today=today,
-                    expected_components=rel.components, waivers=waivers)
+                    expected_components=rel.components, waivers=waivers, previous_named=previous_named)
 
 
 def only(verdict, check=None, case_id=None, status=None):
@@ -71,8 +77,18 @@ def test_all_good_with_baseline_passes(rel, good, baseline):
             "agreement", "probe:prefix_cache", "regression", "variant_gain"} <= checks
 
 
-def test_no_baseline_is_reported_and_does_not_fail(rel, good):
-    verdict = judge(rel, good, baseline=None)
+def test_no_previous_release_is_incomplete_in_history_mode(rel, good):
+    # History mode (the default) with no previous release judged nothing: never a PASS (issue 24.1).
+    verdict = judge(rel, good, baseline=None, previous_named=False)
+    assert verdict.verdict == "INCOMPLETE"
+    [reason] = only(verdict, "regression")
+    assert reason.status == "INCOMPLETE" and "no previous release" in reason.message
+
+
+def test_no_previous_release_is_reported_when_the_baseline_is_optional(rel, good):
+    gate = rel.gate.model_copy(update={"regression": rel.gate.regression.model_copy(update={"baseline": "optional"})})
+    first = rel.model_copy(update={"gate": gate})
+    verdict = judge(first, good, baseline=None, previous_named=False)
     assert verdict.verdict == "PASS"
     [reason] = only(verdict, "regression")
     assert reason.status == "NO-BASELINE" and "no previous release" in reason.message
@@ -425,7 +441,8 @@ def test_variant_gain_reported_either_way(rel):
 
 def test_variant_gain_not_enforced_only_reports():
     rel = release(gate_extra={"variant_gains": [{"variant": "compile", "min_gain": 0.5, "enforce": False}]})
-    verdict = judge(rel, good_results(rel, gain={"compile": 0.9}))
+    verdict = judge(rel, good_results(rel, gain={"compile": 0.9}),
+                    baseline=good_results(rel, seed=100, gain={"compile": 0.9}))
     assert verdict.verdict == "PASS"
     [reason] = only(verdict, "variant_gain")
     assert "-10" in reason.message and "not enforced" in reason.message
@@ -439,7 +456,8 @@ def test_variant_gain_missing_side_is_incomplete(rel, good):
 
 def test_variant_gain_waiver(rel):
     waiver = Waiver(id="G", cases="train/*", check="variant_gain", reason="cpu box", expires=TODAY)
-    verdict = judge(rel, good_results(rel, gain={"compile": 0.7}), waivers=[waiver])
+    verdict = judge(rel, good_results(rel, gain={"compile": 0.7}), waivers=[waiver],
+                    baseline=good_results(rel, seed=100, gain={"compile": 0.7}))
     assert verdict.verdict == "PASS" and only(verdict, "variant_gain")[0].status == "WAIVED"
 
 

@@ -383,7 +383,8 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
     unusable = NO_BASELINE if reg.baseline == "optional" else INCOMPLETE
     suffix = " (gate.regression.baseline: optional)" if reg.baseline == "optional" else ""
     if not named:
-        return [Reason("regression", None, NO_BASELINE, "no previous release named (release.previous_tag)")]
+        # History mode without a previous release judges nothing: only a first release says so (optional).
+        return [Reason("regression", None, unusable, f"no previous release named (release.previous_tag){suffix}")]
     if baseline is None:
         return [Reason("regression", None, unusable,
                        f"no usable baseline: {baseline_label or 'the previous release has no PASS run'}{suffix}")]

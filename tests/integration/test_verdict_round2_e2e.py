@@ -1,0 +1,67 @@
+"""Paths to a wrong PASS or a wrong exit code, end to end through `qualify run` (issue 24): synthetic and
+sleep cases, so that each run takes seconds of workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.flows import run_qualify
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
+
+BASE = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8]
+
+
+def _manifest(path: Path, tag: str, previous: str | None, cases: list[dict[str, Any]],
+              gate: dict[str, Any] | None = None, name: str = "synth", build: dict[str, Any] | None = None) -> Path:
+    data: dict[str, Any] = {
+        "apiVersion": "qualify/v1",
+        "release": {"name": name, "repository": f"127.0.0.1:5000/q/{name}", "tag": tag,
+                    "candidate_tag": f"{tag}-rc1", **({"previous_tag": previous} if previous else {})},
+        "execution": {"executor": "local", "case_timeout_s": 60, "infra_retries": 0},
+        "custom_cases": cases,
+        "gate": gate or {},
+        "promotion": {"on_pass": False, "targets": [{"name": "public", "reference": f"127.0.0.1:5000/q/pub:{tag}"}]},
+    }
+    if build:
+        data["build"] = build
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _fast(scale: float = 1.0, name: str = "fast") -> dict[str, Any]:
+    return {"name": name, "kind": "synthetic", "params": {"samples": {"tokens_per_s": [v * scale for v in BASE]}}}
+
+
+def _run(tmp: Path, db: str, manifest: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    res = run_qualify(["run", str(manifest), "--db", db, "--json", *extra], tmp)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, json.loads(res.stdout)
+
+
+def _reason(outcome: dict[str, Any], check: str) -> dict[str, Any]:
+    return next(r for r in outcome["reasons"] if r["check"] == check)
+
+
+OPTIONAL = {"regression": {"baseline": "optional"}}
+
+
+# --------------------------------------------------------------------------- 1: no previous release
+
+
+def test_history_mode_without_a_previous_release_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    db_file = tmp_path / "q.db"
+    for k, gate in enumerate([{}, {"regression": {"baseline": "history"}}]):
+        res = run_qualify(["run", str(_manifest(tmp_path / f"m{k}.yaml", "1.0", None, [_fast()], gate)),
+                           "--db", f"sqlite:///{db_file}"], tmp_path)
+        assert res.returncode == 2, (res.stdout, res.stderr)
+        [line] = res.stderr.strip().splitlines()
+        assert "release.previous_tag" in line and "baseline: optional" in line
+        assert not db_file.exists()  # refused before a run was opened
+    code, first = _run(tmp_path, f"sqlite:///{db_file}", _manifest(tmp_path / "first.yaml", "1.0", None, [_fast()],
+                                                                  OPTIONAL))
+    assert (code, first["verdict"]) == (0, "PASS") and _reason(first, "regression")["status"] == "NO-BASELINE"
