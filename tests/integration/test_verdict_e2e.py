@@ -91,7 +91,7 @@ def test_the_verdict_cannot_be_fooled(tmp_path: Path) -> None:
     assert base["digest"] == digest  # the local builder: one environment, one digest
     check = run_qualify(["gate", "check", f"127.0.0.1:5000/q/synth@{digest}", "--db", db], tmp_path)
     assert check.returncode == 1 and check.stdout.startswith("FAIL:") and "overridden" in check.stdout
-    promote = run_qualify(["promote", str(base["run_id"]), "--db", db], tmp_path)
+    promote = run_qualify(["promote", str(partly["run_id"]), "--db", db], tmp_path)
     assert promote.returncode == 1 and "is FAIL, not PASS" in promote.stderr
 
 

@@ -65,3 +65,49 @@ def test_history_mode_without_a_previous_release_is_refused_before_anything_runs
     code, first = _run(tmp_path, f"sqlite:///{db_file}", _manifest(tmp_path / "first.yaml", "1.0", None, [_fast()],
                                                                   OPTIONAL))
     assert (code, first["verdict"]) == (0, "PASS") and _reason(first, "regression")["status"] == "NO-BASELINE"
+
+
+# --------------------------------------------------------------------------- 4: per-release standing
+
+
+def _gate_check(tmp: Path, db: str, ref: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    res = run_qualify(["gate", "check", ref, "--db", db, "--json", *extra], tmp)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, json.loads(res.stdout)
+
+
+def test_a_laxer_release_or_a_re_judged_older_run_never_clears_a_digest(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    strict = {**OPTIONAL, "thresholds": [{"cases": "synthetic/*", "metric": "tokens_per_s", "min": 1000}]}
+    code, a = _run(tmp_path, db, _manifest(tmp_path / "a.yaml", "2.0", None, [_fast()], strict))
+    assert (code, a["verdict"]) == (1, "FAIL")
+    code, b = _run(tmp_path, db, _manifest(tmp_path / "b.yaml", "2.1", None, [_fast()], OPTIONAL))
+    assert (code, b["verdict"]) == (0, "PASS") and a["digest"] == b["digest"]  # the local builder: one digest
+    ref = f"127.0.0.1:5000/q/synth@{a['digest']}"
+
+    # B's PASS is the digest's newest decision, yet A's FAIL stands: gate check and promote A refuse
+    code, check = _gate_check(tmp_path, db, ref)
+    assert (code, check["ok"], check["verdict"], check["run"]) == (1, False, "FAIL", a["run_id"])
+    assert {s["release"]: s["verdict"] for s in check["standings"]} == {"synth:2.0": "FAIL", "synth:2.1": "PASS"}
+    promote = run_qualify(["promote", str(a["run_id"]), "--db", db], tmp_path)
+    assert promote.returncode == 1 and f"run {a['run_id']}'s latest decision" in promote.stderr \
+        and "is FAIL, not PASS" in promote.stderr
+    # whoever evaluates last does not win
+    for run_id in (a["run_id"], b["run_id"]):
+        assert run_qualify(["gate", "evaluate", str(run_id), "--db", db], tmp_path).returncode in (0, 1)
+        assert _gate_check(tmp_path, db, ref)[0] == 1
+    # bound to the release name, both tags of it count: A's FAIL still stands
+    assert _gate_check(tmp_path, db, ref, "--release", "synth")[0] == 1
+
+    # within one release: re-judging the older PASS run never overrides the newer run's FAIL
+    code, old = _run(tmp_path, db, _manifest(tmp_path / "c1.yaml", "3.0", None, [_fast()], OPTIONAL, name="line"))
+    assert (code, old["verdict"]) == (0, "PASS")
+    code, new = _run(tmp_path, db, _manifest(tmp_path / "c2.yaml", "3.0", None, [_fast()], strict, name="line"))
+    assert (code, new["verdict"]) == (1, "FAIL")
+    again = run_qualify(["gate", "evaluate", str(old["run_id"]), "--db", db], tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr  # its own decision is PASS again
+    line_ref = f"127.0.0.1:5000/q/line@{old['digest']}"
+    code, check = _gate_check(tmp_path, db, line_ref)
+    assert (code, check["verdict"], check["run"]) == (1, "FAIL", new["run_id"])
+    promote = run_qualify(["promote", str(old["run_id"]), "--db", db], tmp_path)
+    assert promote.returncode == 1 and f"run {new['run_id']} of release line:3.0 is newer" in promote.stderr

@@ -1,7 +1,7 @@
 """The gating service: an HTTP API over the results database (FastAPI, served by uvicorn: `qualify serve`).
 
 * ``GET /v1/gate?ref=IMAGE_REF`` -- may this reference be pushed? The rules of `qualify gate check`
-  (qualify.gate.push_check.check_push: the digest's latest decision by id, the repository it was qualified
+  (qualify.gate.push_check.check_push: the digest's standing per release -- qualify.gate.standing --, the repository it was qualified
   for, a tag resolved in the registry must point to that digest). 200 with the verdict and the reasons when
   the digest was ever judged (``ok`` says whether it may be pushed), 404 when it never was.
 * ``GET /v1/runs``, ``GET /v1/runs/{id}`` -- the runs, as `qualify runs list|show --json` print them.
@@ -187,7 +187,7 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
             body["detail"] = f"{digest} has never been judged by the gate"
             status = 404
         answer = (status, json.dumps(body, default=str, separators=(",", ":")).encode())
-        answers.put(key, result.decision, answer)
+        answers.put(key, result.newest_decision, answer)  # what the cache re-validates against
         return answer
 
     @app.get("/v1/runs", summary="the newest runs")

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from qualify.errors import BadInput
 from qualify.manifest_load import LoadedManifest, load_manifest_text
@@ -240,6 +240,14 @@ def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | 
     """The newest decision about a digest (one indexed query on (digest, verdict, decided_at))."""
     return session.scalar(select(GateDecision).where(GateDecision.digest == digest)
                           .order_by(GateDecision.id.desc()).limit(1))
+
+
+def decisions_for_digest(session: Session, digest: str) -> Sequence[tuple[GateDecision, Run]]:
+    """Every decision about a digest with its run (and the run's release loaded), oldest first by id."""
+    stmt = (select(GateDecision, Run).join(Run, Run.id == GateDecision.run_id)
+            .options(joinedload(Run.release), joinedload(Run.image))
+            .where(GateDecision.digest == digest).order_by(GateDecision.id))
+    return [(d, r) for d, r in session.execute(stmt).unique().all()]
 
 
 def latest_pass_for_digest(session: Session, digest: str) -> GateDecision | None:
