@@ -43,6 +43,27 @@ Probe = Literal[PROBES]  # type: ignore[valid-type]
 # Release note, known issues: DeepSeek-R1 with --max-model-len of 80k or more may OOM.
 DEEPSEEK_R1_MAX_MODEL_LEN = 80_000
 WAIVER_MAX_MODEL_LEN = "max_model_len_limit"
+# What a waiver may name (issue 24.3): one check, or one family of checks written out (`threshold:*`), never a
+# pattern that covers more (`*`, `?`, `[...]` would turn every FAIL into WAIVED). The gate's WAIVABLE_PREFIXES
+# are built from these.
+WAIVABLE_CHECKS = ("regression", "variant_gain", "agreement")
+WAIVABLE_FAMILIES = ("component", "threshold", "probe")
+_PATTERN_CHARS = frozenset("*?[]")
+
+
+def waiver_check_problem(check: str) -> str | None:
+    """Why a waiver's `check` is refused, or None."""
+    if check in WAIVABLE_CHECKS or check == WAIVER_MAX_MODEL_LEN:
+        return None
+    family, sep, name = check.partition(":")
+    if sep and family in WAIVABLE_FAMILIES and (name == "*" or (
+            name.strip() == name and name and not _PATTERN_CHARS & set(name))):
+        return None
+    return (f"{check!r} is not one check or one family of checks: name one of "
+            f"{', '.join(WAIVABLE_CHECKS + (WAIVER_MAX_MODEL_LEN,))}, "
+            f"{', '.join(f'{f}:<name>' for f in WAIVABLE_FAMILIES)}, or one family written out "
+            f"({', '.join(f'{f}:*' for f in WAIVABLE_FAMILIES)}); a pattern (*, ?, [...]) that covers more "
+            "checks is refused, and completeness cannot be waived")
 
 
 class Strict(BaseModel):
@@ -654,8 +675,22 @@ class Waiver(Strict):
     reason: str = Field(min_length=3)
     expires: dt.date
 
+    @field_validator("check")
+    @classmethod
+    def _one_check(cls, value: str) -> str:
+        problem = waiver_check_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    def covers_check(self, check: str) -> bool:
+        """The check itself, or a member of the family written out as `family:*` (never a glob)."""
+        if self.check.endswith(":*"):
+            return check.startswith(self.check[:-1]) and len(check) > len(self.check) - 1
+        return check == self.check
+
     def covers(self, case_id: str, check: str) -> bool:
-        return fnmatch.fnmatchcase(case_id, self.cases) and fnmatch.fnmatchcase(check, self.check)
+        return fnmatch.fnmatchcase(case_id, self.cases) and self.covers_check(check)
 
 
 class GatePolicy(Strict):

@@ -111,3 +111,34 @@ def test_a_laxer_release_or_a_re_judged_older_run_never_clears_a_digest(tmp_path
     assert (code, check["verdict"], check["run"]) == (1, "FAIL", new["run_id"])
     promote = run_qualify(["promote", str(old["run_id"]), "--db", db], tmp_path)
     assert promote.returncode == 1 and f"run {new['run_id']} of release line:3.0 is newer" in promote.stderr
+
+
+# --------------------------------------------------------------------------- 3: waivers; 2: a crash after the document
+
+
+def test_a_waiver_covers_only_what_it_names_and_a_crash_after_the_document_is_a_crash(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    code, base = _run(tmp_path, db, _manifest(tmp_path / "base.yaml", "1.0", None, [_fast()], OPTIONAL))
+    assert (code, base["verdict"]) == (0, "PASS")
+    waiver = {"id": "W-all", "cases": "*", "reason": "cover everything", "expires": "2099-01-01"}
+    for check in ("*", "?*", "[a-z]*", "regress*"):
+        manifest = _manifest(tmp_path / "all.yaml", "1.1", "1.0", [_fast(0.85)], {"waivers": [{**waiver, "check": check}]})
+        res = run_qualify(["run", str(manifest), "--db", db], tmp_path)
+        assert res.returncode == 2, (res.stdout, res.stderr)
+        [line] = res.stderr.strip().splitlines()
+        assert "gate.waivers[0].check" in line and repr(check) in line
+
+    # one family written out: the thresholds are waived, the regression and the crash stay FAILs
+    gate = {"thresholds": [{"cases": "synthetic/*", "metric": "tokens_per_s", "min": 95},
+                           {"cases": "synthetic/*", "metric": "tokens_per_s", "max": 50}],
+            "waivers": [{**waiver, "check": "threshold:*"}]}
+    teardown = {"name": "teardown", "kind": "synthetic",
+                "params": {"samples": {"tokens_per_s": BASE}, "after_result": "SEGV"}}
+    code, out = _run(tmp_path, db, _manifest(tmp_path / "family.yaml", "1.1", "1.0", [_fast(0.85), teardown], gate))
+    assert (code, out["verdict"]) == (1, "FAIL")
+    waived = [(r["check"], r["case_id"], r["figures"]["waiver"]) for r in out["reasons"] if r["status"] == "WAIVED"]
+    assert waived and {w[0] for w in waived} == {"threshold:tokens_per_s"} and {w[2] for w in waived} == {"W-all"}
+    assert _reason(out, "regression")["status"] == "FAIL"
+    [crashed] = [c for c in out["cases"] if c["case_id"] == "synthetic/teardown"]
+    assert crashed["error_class"] == "crash" and "after it printed a passed result document" in crashed["error"]
+    assert "SIGSEGV" in crashed["error"]

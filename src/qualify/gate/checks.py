@@ -19,7 +19,7 @@ from qualify import metrics as metric_info
 from qualify.cases import Case
 from qualify.fingerprint import differences as fingerprint_differences
 from qualify.gate import stats
-from qualify.manifest import Component, GatePolicy, Waiver
+from qualify.manifest import WAIVABLE_CHECKS, WAIVABLE_FAMILIES, Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
 
 PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WAIVED,
@@ -27,7 +27,8 @@ PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = (CheckStatus.PASS, CheckStatus.FAI
 REASON_STATUSES = tuple(CheckStatus)
 
 # Checks a waiver can cover; completeness (a case that did not produce a good result) cannot be waived.
-WAIVABLE_PREFIXES = ("component:", "threshold:", "agreement", "probe:", "regression", "variant_gain")
+# What a waiver may name is checked at validation (qualify.manifest.waiver_check_problem).
+WAIVABLE_PREFIXES = tuple(f"{f}:" for f in WAIVABLE_FAMILIES) + WAIVABLE_CHECKS
 
 
 # --------------------------------------------------------------------------- data
@@ -614,7 +615,7 @@ def check_quantization_evidence(cases: Sequence[Case], results: Mapping[str, Res
 
 
 def _waivable(check: str) -> bool:
-    return any(check == p or check.startswith(p) for p in WAIVABLE_PREFIXES)
+    return check in WAIVABLE_CHECKS or any(check.startswith(p) for p in WAIVABLE_PREFIXES if p.endswith(":"))
 
 
 def _waiver_subject(reason: Reason) -> str:
