@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from qualify import container_policy
 from qualify import metrics as metric_info
-from qualify.imageref import InvalidReference, parse_reference
+from qualify.imageref import TAG_PATTERN, InvalidReference, parse_reference
 from qualify.versions import MatchRule, is_parseable
 from qualify.workloads.infer.params import (  # noqa: F401 - ENGINE_SCHEMES, PREQUANTIZED_SCHEMES: re-exported
     ENGINE_SCHEMES,
@@ -181,7 +181,7 @@ class ReleaseInfo(Strict):
     @field_validator("tag", "candidate_tag", "previous_tag")
     @classmethod
     def _tag(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[\w][\w.-]{0,127}", value):
+        if value is not None and not re.fullmatch(TAG_PATTERN, value):
             raise ValueError(f"{value!r} is not a valid image tag")
         return value
 

@@ -35,6 +35,11 @@ app.add_typer(gate_app, name="gate")
 
 
 def main() -> None:
+    import sys
+
+    from qualify.cli.pipes import ClosedPipeSafe
+
+    sys.stdout = ClosedPipeSafe(sys.stdout)  # type: ignore[assignment]  # `| head` ends quietly
     app()
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from qualify.cli.common import DbOption, open_db, say, settings
+from qualify.cli.outputs import output_dir
 from qualify.errors import BadInput
 from qualify.report_html import write_report
 from qualify.reporting import report_view
@@ -17,10 +18,14 @@ def report(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] =
            out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR",
                                                   help="folder for run-N.html (default: <data dir>/reports)")) -> None:
     """Write the run's self-contained HTML report (verdict and failures first, tables, charts) and print its path."""
+    directory = output_dir(out_dir, "--out") if out_dir is not None else None  # bad input before anything
     with open_db(db, migrate=False)() as session:
         view = report_view(session, run_id)
     if view is None:
         raise BadInput(f"no run {run_id}")
-    path = write_report(view, out_dir or settings(db).reports_dir)
+    try:
+        path = write_report(view, directory or settings(db).reports_dir)
+    except OSError as exc:
+        raise BadInput(f"cannot write the report: {exc.strerror or exc} ({getattr(exc, 'filename', '')})") from None
     verdict = view["decisions"][-1]["verdict"] if view["decisions"] else "no decision"
     say(f"run {run_id} ({view['release']}, {verdict}): {path.resolve()}")

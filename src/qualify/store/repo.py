@@ -126,7 +126,14 @@ def finish_run(session: Session, run: Run, status: str, error: str | None = None
     run.error = error
 
 
+# Ids are INTEGER columns: PostgreSQL's are 32-bit, and a larger number is no run rather than an
+# OverflowError or a database error (issue 24.10).
+MAX_ID = 2**31 - 1
+
+
 def get_run(session: Session, run_id: int) -> Run | None:
+    if not 0 < run_id <= MAX_ID:
+        return None
     return session.get(Run, run_id)
 
 
