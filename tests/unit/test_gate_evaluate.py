@@ -587,8 +587,11 @@ def test_unverified_quantization_is_incomplete(rel, good):
     verdict = judge(rel, replace(good, case, environment=env))
     [reason] = only(verdict, "quantization", case)
     assert reason.status == "INCOMPLETE" and "hub id" in reason.message and verdict.verdict == "INCOMPLETE"
+    layers = [f"model.layers.{i}.mlp.down_proj" for i in range(14)]
     shown = replace(good, case, metrics={**good[case].metrics, "quantized_weights": 14, "linear_weights": 14,
-                                         "quantized_share": 1.0, "weight_bytes_ratio": 0.26})
+                                         "quantized_share": 1.0, "weight_bytes_ratio": 0.26},
+                    environment={**good[case].environment, "layer_quantization": {
+                        "expected": layers, "quantized": layers, "not_quantized": ["lm_head"], "lm_head": None}})
     assert only(judge(rel, shown), "quantization", case)[0].status == "PASS"
 
 
