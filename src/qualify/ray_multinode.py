@@ -38,7 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from qualify import node_facts
 from qualify.executors import Executor
 from qualify.manifest import Resources
-from qualify.workloads import protocol
+from qualify.workloads import protocol, rank_figures
 from qualify.workloads.train.launch import RANK_FAILURE_ORDER, free_port
 
 MULTINODE_KINDS = ("train",)  # workloads that know node_rank / master_addr
@@ -192,6 +192,8 @@ def merge_node_docs(case_doc: dict[str, Any], runs: Sequence[NodeRun], *, device
     problem = world_problem(runs, devices)
     if problem:
         doc.update(status="error", error_class="crash", error=problem)
+    elif len(runs) > 1:  # every node's figures, not node 0's (qualify.workloads.rank_figures)
+        doc = rank_figures.combine({r.node_rank: r.doc for r in runs}, doc)
     return doc
 
 
