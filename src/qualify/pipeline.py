@@ -193,7 +193,7 @@ def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resu
     loaded = load_manifest(manifest_path)
     with sessions() as session:
         if resume_run_id is not None:
-            run = session.get(Run, resume_run_id)
+            run = repo.get_run(session, resume_run_id)
             if run is None:
                 raise BadInput(f"--resume {resume_run_id}: no such run")
             if run.manifest_sha256 != loaded.sha256:
@@ -239,6 +239,10 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
     try:
         build = build_candidate(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
     except BuildError as exc:
+        if isinstance(exc, InfraError):  # not the candidate's fault: one line, the run an infrastructure error
+            message = f"{exc}" + (f" (build log: {exc.log_path})" if exc.log_path else "")
+            fail_run(ctx, RunStatus.ERROR, message)
+            raise type(exc)(message, exc.log_tail, exc.log_path) from None
         tail = (exc.log_tail or "").strip()[-2000:]
         message = f"build failed: {exc}" + (f"\n--- build log tail ---\n{tail}" if tail else "")
         if exc.log_path:
@@ -481,7 +485,8 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         raise InfraError(f"{case.case_id}: the database refused the result ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}); it is kept in {spooled}: "
                          f"`qualify run --resume {ctx.run_id}` records it without running the case again") from exc
-    spooled.unlink(missing_ok=True)
+    # The spooled file stays until the verdict: the database's identity is confirmed then (store/identity),
+    # and a database that vanished meanwhile leaves every result here for --resume.
     outcome = CaseOutcome(case_id=case.case_id, status=CaseStatus(doc.get("status")),
                           error_class=ErrorClass(doc["error_class"]) if doc.get("error_class") else None,
                           error=doc.get("error"), attempts=attempts, exec_s=out.exec_s,

@@ -142,3 +142,102 @@ def test_a_waiver_covers_only_what_it_names_and_a_crash_after_the_document_is_a_
     [crashed] = [c for c in out["cases"] if c["case_id"] == "synthetic/teardown"]
     assert crashed["error_class"] == "crash" and "after it printed a passed result document" in crashed["error"]
     assert "SIGSEGV" in crashed["error"]
+
+
+# --------------------------------------------------------------------------- 8: infrastructure before the cases
+
+
+def _infra_scenarios(tmp: Path) -> dict[str, tuple[list[str], dict[str, str], str]]:
+    """name -> (qualify arguments, environment, a fragment the one line names)."""
+    from support.net import free_port
+
+    dead = free_port()  # nothing listens there
+    nap = [{"name": "nap", "kind": "sleep", "params": {"duration_s": 0.1}}]
+    local = _manifest(tmp / "local.yaml", "1.0", "0.9", nap)
+    prebuilt = _manifest(tmp / "prebuilt.yaml", "1.0", "0.9", nap, name="pre",
+                         build={"builder": "prebuilt", "reference": f"127.0.0.1:{dead}/q/pre:1.0-rc1"})
+    data = yaml.safe_load(prebuilt.read_text())
+    data["promotion"]["insecure_registries"] = [f"127.0.0.1:{dead}"]
+    prebuilt.write_text(yaml.safe_dump(data))
+    (tmp / "Containerfile").write_text("FROM scratch\n")
+    buildah = _manifest(tmp / "buildah.yaml", "1.0", "0.9", nap, name="bah",
+                        build={"builder": "buildah", "containerfile": "Containerfile"})
+    empty_bin = tmp / "bin"
+    empty_bin.mkdir(exist_ok=True)
+    sqlite = f"sqlite:///{tmp / 'q.db'}"
+    return {
+        "registry unreachable": (["run", str(prebuilt), "--db", sqlite], {}, f"127.0.0.1:{dead}"),
+        "builder missing": (["run", str(buildah), "--db", sqlite], {"PATH": str(empty_bin)}, "buildah"),
+        "ray unreachable": (["run", str(local), "--db", sqlite, "--ray-address", f"127.0.0.1:{dead}"], {}, "Ray"),
+        "database down": (["run", str(local), "--db", f"postgresql://qualify@127.0.0.1:{dead}/nothing"], {},
+                          f"127.0.0.1:{dead}"),
+    }
+
+
+@pytest.mark.parametrize("scenario", ["registry unreachable", "builder missing", "ray unreachable", "database down"])
+def test_an_infrastructure_failure_before_the_cases_is_exit_3_in_one_line(tmp_path: Path, scenario: str) -> None:
+    args, env, fragment = _infra_scenarios(tmp_path)[scenario]
+    res = run_qualify(args, tmp_path, timeout=600, **env)
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    lines = [line for line in res.stderr.splitlines() if line.strip() and line.strip() != "starting"]
+    assert len(lines) == 1, res.stderr
+    [line] = lines
+    assert fragment in line and "refused" not in line and "FAIL" not in line, line
+    for noise in ("Traceback", "NoneType: None", "| ERROR", "Finished in state"):
+        assert noise not in res.stderr, res.stderr
+
+
+# --------------------------------------------------------------------------- 6: the database vanishes or is replaced
+
+
+def _wait_for(predicate, timeout_s: float = 300.0, what: str = "") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_database_that_vanishes_mid_run_is_exit_3_with_the_results_spooled(tmp_path: Path, how: str) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from support.cli import cli_env
+    from support.paths import REPO
+
+    db_file = tmp_path / "q.db"
+    cases = [{"name": "short", "kind": "sleep", "params": {"duration_s": 0.2}, "resources": {"cpus": 1}},
+             {"name": "long", "kind": "sleep", "params": {"duration_s": 20}, "resources": {"cpus": 1}}]
+    manifest = _manifest(tmp_path / "m.yaml", "1.0", None, cases, OPTIONAL)
+    if how == "replaced":  # another, valid results database, ready to be moved over the run's
+        other = tmp_path / "other.db"
+        assert run_qualify(["db", "upgrade", "--db", f"sqlite:///{other}"], tmp_path).returncode == 0
+    env = cli_env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", f"sqlite:///{db_file}",
+                             "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spooled = tmp_path / "data" / "spool" / "run-1" / "sleep_short.json"
+    try:
+        _wait_for(spooled.exists, what="the short case's spooled result")
+        if how == "removed":
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db_file}{suffix}").unlink(missing_ok=True)
+        else:
+            shutil.copy(tmp_path / "other.db", tmp_path / "swap.db")
+            (tmp_path / "swap.db").replace(db_file)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, (out, err)
+    assert "PASS" not in out and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip() and line.strip() != "starting"]
+    assert len(lines) == 1 and ("vanished" in lines[0] or "replaced" in lines[0] or "not the one" in lines[0]), err
+    assert "--resume 1" in lines[0]
+    kept = sorted(p.name for p in spooled.parent.glob("*.json"))
+    assert kept == ["sleep_long.json", "sleep_short.json"]
+    assert all(json.loads((spooled.parent / name).read_text())["doc"]["status"] == "passed" for name in kept)
