@@ -65,7 +65,7 @@ def test_a_tag_outside_ascii_is_refused_in_a_reference(tag: str) -> None:
 def test_a_tag_outside_ascii_is_refused_in_a_manifest(tag: str) -> None:
     import yaml
 
-    from qualify.manifest_load import ManifestError, load_manifest_text
+    from qualify.manifest.load import ManifestError, load_manifest_text
 
     text = yaml.safe_dump({"release": {"name": "r", "repository": "127.0.0.1:5000/q/r", "tag": tag,
                                        "candidate_tag": "1-rc1", "previous_tag": "0"},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from qualify.manifest_load import ManifestError, load_manifest_text
+from qualify.manifest.load import ManifestError, load_manifest_text
 
 RELEASE = {"name": "r", "repository": "127.0.0.1:5000/q/r", "tag": "1.1", "candidate_tag": "1.1-rc1"}
 CASES = [{"name": "nap", "kind": "sleep"}]

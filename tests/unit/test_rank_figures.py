@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from test_multinode_units import CASE, node_doc, run
 
-from qualify.ray_multinode import merge_node_docs
+from qualify.execution.multinode import merge_node_docs
 from qualify.workloads import protocol
-from qualify.workloads.train.launch import merge_rank_results
+from qualify.workloads.train.ranks import merge_rank_results
 
 
 def rank_doc(rank: int, *, tps: float, mem: int, graphs: int | None = 3, layers: int | None = None) -> dict:

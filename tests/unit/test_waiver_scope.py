@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from qualify.gate.checks import FAIL, Reason, apply_waivers
 from qualify.manifest import Waiver
-from qualify.manifest_load import ManifestError, load_manifest_text
+from qualify.manifest.load import ManifestError, load_manifest_text
 
 TODAY = dt.date(2025, 6, 1)
 EVERY_CHECK = ["regression", "variant_gain", "agreement", "probe:prefix_cache", "probe:degenerate",

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
-from qualify.manifest_load import ManifestError
+from qualify.manifest.load import ManifestError
 from qualify.outcomes import CheckStatus, Verdict
 from qualify.gate.standing import by_release
 from qualify.store import repo

@@ -41,7 +41,7 @@ def check_url(url: str) -> URL:
 
 def make_engine(url: str, busy_timeout_s: float = 30.0, *, create: bool = True) -> Engine:
     """busy_timeout_s: how long a SQLite statement waits for another writer's lock before it fails
-    (the driver then retries the write: qualify.spool.with_retries)."""
+    (the driver then retries the write: qualify.execution.spool.with_retries)."""
     parsed = check_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
