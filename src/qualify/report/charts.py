@@ -10,6 +10,8 @@ import base64
 import io
 from typing import Any, Sequence
 
+from qualify.numbers import signed_pct
+
 STATUS_COLOURS = {"PASS": "#2da44e", "FAIL": "#cf222e", "INCOMPLETE": "#bf8700", "WAIVED": "#8c959f",
                   "NO-BASELINE": "#8c959f", None: "#57606a"}
 CALL_COLOURS = {"regression": "#cf222e", "improvement": "#2da44e", "noise": "#57606a", "not comparable": "#bf8700",
