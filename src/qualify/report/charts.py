@@ -10,7 +10,7 @@ import base64
 import io
 from typing import Any, Sequence
 
-from qualify.numbers import signed_pct
+from qualify.numbers import finite, signed_pct
 
 STATUS_COLOURS = {"PASS": "#2da44e", "FAIL": "#cf222e", "INCOMPLETE": "#bf8700", "WAIVED": "#8c959f",
                   "NO-BASELINE": "#8c959f", None: "#57606a"}
