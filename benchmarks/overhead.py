@@ -43,6 +43,7 @@ def main() -> int:
                             "candidate_tag": f"b{k}-rc1"},
                 "custom_cases": [{"name": "fixed", "kind": "sleep", "params": {"duration_s": args.duration},
                                   "count": args.cases, "resources": {"cpus": 1}}],
+                "gate": {"regression": {"baseline": "optional"}},  # each repeat is a first release
             }))
             env = {**os.environ, "QUALIFY_DATA_DIR": str(tmp_path / "data"), "QUALIFY_RAY_TEMP": f"/tmp/qov-{k}"}
             load_before = os.getloadavg()[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from qualify.errors import InfraError
@@ -29,6 +30,31 @@ def prepare_environment(settings: Settings, verbose: bool) -> None:
     os.environ["QUALIFY_DATABASE_URL"] = settings.database_url
 
 
+class _StateLines(logging.Filter):
+    """Drops, from the console only, Prefect's own lines about a task or flow run that ended Failed
+    ("Finished in state Failed(...)", "Task run failed with state ...", with "NoneType: None" after them):
+    the flow ends Failed only on a QualifyError, whose message the CLI prints once (issue 24.8). The API (and
+    so the UI) still gets them; --verbose shows them on the console too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.name.startswith(("prefect.task_runs", "prefect.flow_runs")):
+            return True
+        message = record.getMessage()
+        return not message.startswith(("Finished in state Failed", "Task run failed with state"))
+
+
+def quiet_console() -> None:
+    """Attach _StateLines to Prefect's console handlers (they exist once Prefect is imported)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler) and not any(
+                    isinstance(f, _StateLines) for f in handler.filters):
+                handler.addFilter(_StateLines())
+
+
 def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallback) -> RunOutcome:
     bind_children_to_this_process()  # Prefect's API server, Ray, the workloads: dead with this process
     prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
@@ -38,6 +64,8 @@ def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallbac
 
     # Every case's Prefect task waits on its Ray task: a pool smaller than the matrix would queue
     # cases behind Prefect instead of Ray.
+    if not request.verbose:
+        quiet_console()
     sized = qualify_release.with_options(task_runner=ThreadPoolTaskRunner(max_workers=max(4, request.n_cases + 2)))
     try:
         with listening(on_progress):  # a callback, not a flow parameter (the UI would show and store it)

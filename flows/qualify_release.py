@@ -20,13 +20,14 @@ from prefect.settings import PREFECT_UI_URL
 from prefect.states import Failed, State
 
 from qualify import pipeline
-from qualify.execution import attempts
+from qualify.errors import BadInput, QualifyError, Rejected
+from qualify.execution import attempts, spool
 from qualify.progress import process_listeners
-from qualify.errors import BadInput, Rejected
 from qualify.outcomes import PromotionSummary, RunOutcome, RunStatus
 from qualify.execution.ray import start_ray
 from qualify.report.links import flow_run_url, report_url
 from qualify.settings import Settings
+from qualify.store import same_database as database_identity
 from qualify.store.engine import open_database
 from qualify_prefect.tasks.candidate import obtain_candidate_task, open_run_task, verify_components_task
 from qualify_prefect.tasks.cases import run_case_task
@@ -41,6 +42,14 @@ def _unwrap(value: Any) -> Any:
     if isinstance(value, State):
         return value.result()
     return value
+
+
+def _fail_run_quietly(ctx: pipeline.RunContext, status: RunStatus, message: str) -> None:
+    """Mark the run; when the database itself is what failed, the error already says so."""
+    try:
+        pipeline.fail_run(ctx, status, message)
+    except Exception:  # noqa: BLE001 - the run row cannot be written: the error being raised explains why
+        pass
 
 
 def _initial_name() -> str:
@@ -83,14 +92,15 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
     """
     logger = get_run_logger()
     started = time.monotonic()
-    settings = Settings.load()
-    _engine, sessions = open_database(settings.database_url)
     try:
+        settings = Settings.load()
+        _engine, sessions = open_database(settings.database_url)
         ctx = _unwrap(open_run_task(sessions, manifest, resume_run, ray_address, triggered_by))
-    except BadInput as exc:
+    except QualifyError as exc:  # bad input, or the database could not be reached or open the run
         return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
     ray_handle = None
     try:  # from here on, whatever fails marks the run (never left "running")
+        identity = database_identity.capture(sessions, ctx.run_id)  # confirmed before the verdict
         ctx.bind_flow_run(str(flow_run.id) if flow_run.id else None)
         _name_flow_run(ctx, logger)
         ctx.stage("setup", time.monotonic() - started)
@@ -119,8 +129,10 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
             wait_for_all(futures)  # every case finishes (and is spooled) before a failed one stops the flow
             outcomes = [f.result() for f in futures]
 
+        database_identity.confirm(sessions, identity)  # a vanished or replaced database never gets a verdict
         with ctx.timed_stage("gate"):
             evaluation = gate_task(ctx)
+        spool.clear(ctx.data_dir, ctx.run_id)  # every result is in the database the run opened
         verdict = evaluation.judgement.verdict
         status = pipeline.finish_run(ctx, verdict)
         with ctx.timed_stage("report"):
@@ -138,9 +150,13 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
                              promotions=promotions, stage_seconds=ctx.stage_seconds())
         log_verdict(logger, outcome, report_link)
         return final_state(outcome)  # type: ignore[return-value] - a state Prefect ends the run in, carrying it
-    except (BadInput, Rejected) as exc:
-        # Expected outcomes, not crashes: a Failed state with the message, no traceback in the logs.
-        pipeline.fail_run(ctx, RunStatus.FAILED if isinstance(exc, Rejected) else RunStatus.ABORTED, str(exc))
+    except QualifyError as exc:
+        # Expected outcomes and named infrastructure failures (Ray unreachable, the registry or the database
+        # down), not crashes: a Failed state with the message, no traceback in the logs; the CLI prints it once.
+        status = (RunStatus.FAILED if isinstance(exc, Rejected) else RunStatus.ABORTED if isinstance(exc, BadInput)
+                  else RunStatus.ERROR)
+        if not isinstance(exc, database_identity.DatabaseReplaced):  # never write into another database
+            _fail_run_quietly(ctx, status, str(exc))
         return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
     except BaseException as exc:
         pipeline.fail_run(ctx, RunStatus.ERROR, f"{type(exc).__name__}: {exc}")

@@ -12,18 +12,19 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from qualify import pipeline
 from qualify.build import BuildResult
-from qualify.errors import BadInput, Rejected
+from qualify.errors import QualifyError
 
 
 def expected_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input and a rejected candidate end the task as Failed with their message, without a
-    traceback in the logs (they are outcomes, not crashes); the flow re-raises them."""
+    """Bad input, a rejected candidate and an infrastructure failure qualify names (QualifyError) end the
+    task as Failed with their message, without a traceback in the logs (the error says what to do; the
+    console drops Prefect's own line about the state: driver/prefect_launcher.py); the flow re-raises them."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (BadInput, Rejected) as exc:
+        except QualifyError as exc:
             return Failed(message=str(exc), data=exc)
 
     return wrapper

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 from sqlalchemy.orm import Session, sessionmaker
 
 from qualify.build import BuildError, BuildResult, build_candidate
-from qualify.errors import BadInput, Rejected
+from qualify.errors import BadInput, InfraError, Rejected
 from qualify.execution import node_facts
 from qualify.execution.paired import PairedBaseline, find_paired_baseline
 from qualify.execution.ray import run_case_on_ray
@@ -157,7 +157,7 @@ def open_run(sessions: sessionmaker[Session], manifest_path: str | Path, *, resu
     loaded = load_manifest(manifest_path)
     with sessions() as session:
         if resume_run_id is not None:
-            run = session.get(Run, resume_run_id)
+            run = repo.get_run(session, resume_run_id)
             if run is None:
                 raise BadInput(f"--resume {resume_run_id}: no such run")
             if run.manifest_sha256 != loaded.sha256:
@@ -204,6 +204,10 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
     try:
         build = build_candidate(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
     except BuildError as exc:
+        if isinstance(exc, InfraError):  # not the candidate's fault: one line, the run an infrastructure error
+            message = f"{exc}" + (f" (build log: {exc.log_path})" if exc.log_path else "")
+            fail_run(ctx, RunStatus.ERROR, message)
+            raise type(exc)(message, exc.log_tail, exc.log_path) from None
         tail = (exc.log_tail or "").strip()[-2000:]
         message = f"build failed: {exc}" + (f"\n--- build log tail ---\n{tail}" if tail else "")
         if exc.log_path:

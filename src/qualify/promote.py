@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 from sqlalchemy.orm import Session
 
 from qualify.errors import BadInput, ExitCode, Rejected
+from qualify.gate.standing import standing_of_run
 from qualify.outcomes import Verdict
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.manifest import ExpandedTarget, ReleaseManifest
@@ -117,8 +118,11 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
         targets = select_targets(release, target)
         image = run.image
         digest = run.candidate_digest
-        # The digest's latest decision, whichever run made it: a later FAIL of the same digest wins.
-        decision = repo.latest_decision_for_digest(session, digest) if digest else None
+        # The run's own latest decision, and only while the run is its release's standing for the digest
+        # (qualify.gate.standing): another release's PASS never qualifies it, and re-judging an older run
+        # never overrides a newer run of the same release.
+        decision = repo.latest_decision(session, run.id)
+        standing = standing_of_run(session, run)
         source_ref = f"{image.repository}:{image.tag}" if image is not None and image.tag else (
             image.repository if image is not None else release.candidate_reference)
         insecure_set = set(release.promotion.insecure_registries) | set(insecure)
@@ -138,8 +142,12 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
             raise refuse(f"run {run.id}'s candidate {digest or '(no digest)'} has no gate decision: evaluate it "
                          f"first (qualify gate evaluate {run.id})")
         if decision.verdict != Verdict.PASS:
-            raise refuse(f"the latest decision about {digest} (decision {decision.id} of run {decision.run_id}, "
+            raise refuse(f"run {run.id}'s latest decision about {digest} (decision {decision.id}, "
                          f"{decision.decided_at:%Y-%m-%d %H:%M:%S}) is {decision.verdict}, not PASS")
+        if standing is not None and standing.run.id != run.id:
+            raise refuse(f"run {standing.run.id} of release {standing.release} is newer than run {run.id} and "
+                         f"judged {digest} {standing.decision.verdict} (decision {standing.decision.id}): "
+                         f"a release's newest run decides; promote run {standing.run.id} if it passed")
         if not digest or decision.digest != digest:
             raise refuse(f"run {run.id}'s PASS decision is for {decision.digest or 'no digest'}, "
                          f"not the candidate digest {digest or '(none)'}")
@@ -179,7 +187,7 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
             outcomes = []
             for t in targets:
                 # Re-checked right before each copy: a FAIL recorded meanwhile stops the remaining targets.
-                later = None if dry_run else _overriding_decision(session_factory, digest, decision.id)
+                later = None if dry_run else _overriding_decision(session_factory, run.id, decision.id)
                 if later is not None:
                     outcomes.append(TargetOutcome(t.name, t.reference, source_ref, digest, "refused",
                                                   f"decision {later.id} (run {later.run_id}) about {digest} is "
@@ -198,14 +206,16 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
                 client.close()
 
 
-def _overriding_decision(session_factory: Callable[[], Session], digest: str,
+def _overriding_decision(session_factory: Callable[[], Session], run_id: int,
                          trusted_id: int) -> GateDecision | None:
-    """A decision about the digest newer than the trusted PASS that is not a PASS (read in its own
-    transaction, so it sees what other processes committed since the promotion started)."""
+    """The release's standing for the run's digest when it is no longer the trusted PASS and not a PASS: the
+    run re-judged, or a newer run of its release judged (read in its own transaction, so it sees what other
+    processes committed since the promotion started)."""
     with session_factory() as session:
-        latest = repo.latest_decision_for_digest(session, digest)
-    if latest is not None and latest.id != trusted_id and latest.verdict != Verdict.PASS:
-        return latest
+        run = repo.get_run(session, run_id)
+        standing = standing_of_run(session, run) if run is not None else None
+    if standing is not None and standing.decision.id != trusted_id and not standing.passed:
+        return standing.decision
     return None
 
 

@@ -177,6 +177,7 @@ def test_promote_cli(db_url, sessions, registry, make_image):
     rerun = _seed(sessions, text, digest, broken=True)
     assert evaluate_and_commit(sessions, rerun).judgement.verdict == "FAIL"
     stopped = invoke("promote", str(run_id), "--db", db_url)
-    assert stopped.exit_code == 1 and "is FAIL, not PASS" in stopped.output
+    assert stopped.exit_code == 1 and f"run {rerun} of release demo:1.1 is newer than run {run_id}" in stopped.output \
+        and "FAIL" in stopped.output
     for proc in (done,):
         _no_traceback(proc)

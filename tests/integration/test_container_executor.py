@@ -41,7 +41,7 @@ def test_least_privilege_by_default() -> None:
     assert argv[:2] == ["podman", "run"] or "run" in argv
     assert _flag_value(argv, "--network") == ["none"]
     assert "--privileged" not in argv and "--ipc=host" not in argv
-    assert "--rm" in argv and "-i" in argv and _flag_value(argv, "--name") == ["qualify-x"]
+    assert "--rm" not in argv and "-i" in argv and _flag_value(argv, "--name") == ["qualify-x"]
     assert not any(a.startswith("--device") or a == "--gpus" for a in argv)
     volumes = _flag_value(argv, "--volume")
     # Only the workload package (read-only) and the cache; nothing else of qualify.

@@ -54,7 +54,7 @@ def test_the_probe_redacts_inside_the_image() -> None:
 def test_cases_json_redacts_secret_looking_env_values(tmp_path: Path) -> None:
     manifest = tmp_path / "m.yaml"
     manifest.write_text(f"""
-release: {{name: p, repository: 127.0.0.1:5000/q/p, tag: "1", candidate_tag: "1-rc1"}}
+release: {{name: p, repository: 127.0.0.1:5000/q/p, tag: "1", candidate_tag: "1-rc1", previous_tag: "0"}}
 training:
   models: [{{name: tiny, preset: tiny-llama}}]
   variants:

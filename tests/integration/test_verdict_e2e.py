@@ -48,7 +48,8 @@ def _reason(outcome: dict[str, Any], check: str) -> dict[str, Any]:
 
 def test_the_verdict_cannot_be_fooled(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
-    code, base = _run(tmp_path, db, _manifest(tmp_path / "base.yaml", "1.0", None, [_fast()]))
+    code, base = _run(tmp_path, db, _manifest(tmp_path / "base.yaml", "1.0", None, [_fast()],
+                                              gate={"regression": {"baseline": "optional"}}))
     assert (code, base["verdict"]) == (0, "PASS"), base["reasons"]
     # history mode counts runs: it needs the fingerprint's run-to-run variation (issue 22)
     cal = run_qualify(["calibrate", str(tmp_path / "base.yaml"), "--db", db, "--runs", "3", "--slowed-runs", "1"],
@@ -94,7 +95,7 @@ def test_the_verdict_cannot_be_fooled(tmp_path: Path) -> None:
     assert base["digest"] == digest  # the local builder: one environment, one digest
     check = run_qualify(["gate", "check", f"127.0.0.1:5000/q/synth@{digest}", "--db", db], tmp_path)
     assert check.returncode == 1 and check.stdout.startswith("FAIL:") and "overridden" in check.stdout
-    promote = run_qualify(["promote", str(base["run_id"]), "--db", db], tmp_path)
+    promote = run_qualify(["promote", str(partly["run_id"]), "--db", db], tmp_path)
     assert promote.returncode == 1 and "is FAIL, not PASS" in promote.stderr
 
 

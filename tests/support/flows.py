@@ -26,6 +26,9 @@ def sleep_manifest(path: Path, cases: list[dict[str, Any]], *, name: str = "slee
         "custom_cases": cases,
     }
     data.update(extra or {})
+    if not previous:  # a first release: nothing to compare with, and the manifest must say so
+        gate = data["gate"] = dict(data.get("gate") or {})
+        gate["regression"] = {"baseline": "optional", **(gate.get("regression") or {})}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

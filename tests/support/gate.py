@@ -56,6 +56,9 @@ def manifest_dict(**sections: Any) -> dict[str, Any]:
         data["gate"].update(copy.deepcopy(gate_extra))
     if release_extra:
         data["release"].update(release_extra)
+    if not data["release"].get("previous_tag") and "baseline" not in data["gate"].get("regression", {}):
+        # A first release says so: history mode needs a previous release (issue 24.1).
+        data["gate"]["regression"] = {**data["gate"].get("regression", {}), "baseline": "optional"}
     return data
 
 

@@ -20,7 +20,7 @@ SMOKE = REPO / "releases" / "cpu-smoke.yaml"
 
 MINIMAL = """\
 apiVersion: qualify/v1
-release: {name: hostile, repository: 127.0.0.1:5000/qualify/hostile, tag: "0.1", candidate_tag: "0.1-rc1"}
+release: {name: hostile, repository: 127.0.0.1:5000/qualify/hostile, tag: "0.1", candidate_tag: "0.1-rc1", previous_tag: "0.0"}
 """
 NAP = "  - {name: nap, kind: sleep, params: {duration_s: 0.1}}\n"
 

@@ -29,10 +29,16 @@ from qualify.gate.evaluate import decide, evaluate
 from qualify.manifest import Waiver
 
 
-def judge(rel, results, *, baseline=None, components=GOOD_COMPONENTS, today=TODAY, waivers=None, calibrations=None):
+_GOOD_BASELINE = object()  # the previous release's good results (release() names one)
+
+
+def judge(rel, results, *, baseline=_GOOD_BASELINE, components=GOOD_COMPONENTS, today=TODAY, waivers=None,
+          previous_named=None, calibrations=None):
     """History mode counts runs: every fingerprint is calibrated (0.5% run to run) unless told otherwise."""
+    if baseline is _GOOD_BASELINE:
+        baseline = good_results(rel, seed=100)
     return evaluate(rel.gate, cases_of(rel), results, components, baseline, today=today,
-                    expected_components=rel.components, waivers=waivers,
+                    expected_components=rel.components, waivers=waivers, previous_named=previous_named,
                     calibrations=calibrated(results) if calibrations is None else calibrations)
 
 
@@ -75,8 +81,18 @@ def test_all_good_with_baseline_passes(rel, good, baseline):
             "agreement", "probe:prefix_cache", "regression", "variant_gain"} <= checks
 
 
-def test_no_baseline_is_reported_and_does_not_fail(rel, good):
-    verdict = judge(rel, good, baseline=None)
+def test_no_previous_release_is_incomplete_in_history_mode(rel, good):
+    # History mode (the default) with no previous release judged nothing: never a PASS (issue 24.1).
+    verdict = judge(rel, good, baseline=None, previous_named=False)
+    assert verdict.verdict == "INCOMPLETE"
+    [reason] = only(verdict, "regression")
+    assert reason.status == "INCOMPLETE" and "no previous release" in reason.message
+
+
+def test_no_previous_release_is_reported_when_the_baseline_is_optional(rel, good):
+    gate = rel.gate.model_copy(update={"regression": rel.gate.regression.model_copy(update={"baseline": "optional"})})
+    first = rel.model_copy(update={"gate": gate})
+    verdict = judge(first, good, baseline=None, previous_named=False)
     assert verdict.verdict == "PASS"
     [reason] = only(verdict, "regression")
     assert reason.status == "NO-BASELINE" and "no previous release" in reason.message
@@ -234,8 +250,9 @@ def test_waiver_expiring_today_still_covers(rel, good):
 
 def test_completeness_failures_cannot_be_waived(rel, good):
     broken = replace(good, "train/tiny/base", status="error", error_class="crash", error="segfault")
-    waiver = Waiver(id="W", check="*", reason="everything", expires=TODAY)
-    assert judge(rel, broken, waivers=[waiver]).verdict == "FAIL"
+    for check in ("completeness", "completeness:*"):  # refused at validation; never a cover either
+        waiver = Waiver.model_construct(id="W", cases="*", check=check, reason="everything", expires=TODAY)
+        assert judge(rel, broken, waivers=[waiver]).verdict == "FAIL"
 
 
 # --------------------------------------------------------------------------- agreement
@@ -440,7 +457,8 @@ def test_variant_gain_reported_either_way(rel):
 
 def test_variant_gain_not_enforced_only_reports():
     rel = release(gate_extra={"variant_gains": [{"variant": "compile", "min_gain": 0.5, "enforce": False}]})
-    verdict = judge(rel, good_results(rel, gain={"compile": 0.9}))
+    verdict = judge(rel, good_results(rel, gain={"compile": 0.9}),
+                    baseline=good_results(rel, seed=100, gain={"compile": 0.9}))
     assert verdict.verdict == "PASS"
     [reason] = only(verdict, "variant_gain")
     assert "-10" in reason.message and "not enforced" in reason.message
@@ -454,7 +472,8 @@ def test_variant_gain_missing_side_is_incomplete(rel, good):
 
 def test_variant_gain_waiver(rel):
     waiver = Waiver(id="G", cases="train/*", check="variant_gain", reason="cpu box", expires=TODAY)
-    verdict = judge(rel, good_results(rel, gain={"compile": 0.7}), waivers=[waiver])
+    verdict = judge(rel, good_results(rel, gain={"compile": 0.7}), waivers=[waiver],
+                    baseline=good_results(rel, seed=100, gain={"compile": 0.7}))
     assert verdict.verdict == "PASS" and only(verdict, "variant_gain")[0].status == "WAIVED"
 
 
@@ -588,8 +607,11 @@ def test_unverified_quantization_is_incomplete(rel, good):
     verdict = judge(rel, replace(good, case, environment=env))
     [reason] = only(verdict, "quantization", case)
     assert reason.status == "INCOMPLETE" and "hub id" in reason.message and verdict.verdict == "INCOMPLETE"
+    layers = [f"model.layers.{i}.mlp.down_proj" for i in range(14)]
     shown = replace(good, case, metrics={**good[case].metrics, "quantized_weights": 14, "linear_weights": 14,
-                                         "quantized_share": 1.0, "weight_bytes_ratio": 0.26})
+                                         "quantized_share": 1.0, "weight_bytes_ratio": 0.26},
+                    environment={**good[case].environment, "layer_quantization": {
+                        "expected": layers, "quantized": layers, "not_quantized": ["lm_head"], "lm_head": None}})
     assert only(judge(rel, shown), "quantization", case)[0].status == "PASS"
 
 

@@ -38,7 +38,13 @@ class BuildInputError(BuildError, BadInput):
     exit_code = ExitCode.BAD_INPUT
 
 
-class BuilderUnavailable(BuildError, InfraError):
-    """The build tool is missing or cannot run on this machine (exit 3)."""
+class BuildInfraError(BuildError, InfraError):
+    """Infrastructure the build needs did not do its part (a registry that does not answer): not the
+    candidate's fault (exit 3)."""
 
     exit_code = ExitCode.INFRA
+    label = "infrastructure error"
+
+
+class BuilderUnavailable(BuildInfraError):
+    """The build tool is missing or cannot run on this machine (exit 3)."""

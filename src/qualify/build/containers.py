@@ -43,6 +43,7 @@ from typing import Iterable, Sequence
 
 from qualify.build.base import (
     BuildError,
+    BuildInfraError,
     BuilderUnavailable,
     BuildInputError,
     BuildResult,
@@ -204,7 +205,8 @@ class BuildLog:
                                         stderr=subprocess.STDOUT, env=env, text=True, errors="replace",
                                         start_new_session=True)
             except OSError as exc:
-                raise self.fail(f"{what}: cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+                raise self.fail(f"{what}: cannot start {argv[0]!r}: {exc.strerror or exc}",
+                                error=BuilderUnavailable) from None
             timed_out = _pump(proc, (fh, capture), timeout_s)
             capture.seek(0)
             output = capture.read()
@@ -461,8 +463,14 @@ def _oci_build(tool: str, manifest: ReleaseManifest, data_dir: Path, manifest_di
         log.write(f"# image id {image_id}")
         push = [tool, *store.global_args(tool), "push", "--digestfile", str(digestfile),
                 *tls_args(plan.target, insecure), plan.target, f"docker://{plan.target}"]
-        log.run(push, env=env, timeout_s=manifest.build.timeout_s, what=f"push to {plan.target}",
-                deadline=deadline)
+        try:
+            log.run(push, env=env, timeout_s=manifest.build.timeout_s, what=f"push to {plan.target}",
+                    deadline=deadline)
+        except BuildError:
+            unreachable = _unreachable_registry(plan.target)
+            if unreachable:  # the registry's part, not the candidate's (issue 24.8)
+                raise log.fail(f"push to {plan.target}: {unreachable}", error=BuildInfraError) from None
+            raise
         pushed = digestfile.read_text().strip() if digestfile.exists() else ""
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", pushed):
         raise log.fail(f"push to {plan.target} reported no digest (got {pushed!r})")
@@ -496,6 +504,21 @@ def allowed_insecure(manifest: ReleaseManifest) -> list[str]:
             if is_loopback(r.strip().rstrip("/")) or r.strip().rstrip("/") in granted]
 
 
+def _unreachable_registry(reference: str, timeout_s: float = 10.0) -> str | None:
+    """Why the reference's registry takes no connection, or None when it does."""
+    import socket
+
+    from qualify.imageref import parse_reference
+
+    registry = parse_reference(reference).registry
+    host, _, port = registry.rpartition(":") if registry.rsplit(":", 1)[-1].isdigit() else (registry, "", "443")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"registry {registry} is unreachable: {exc.strerror or exc}"
+    return None
+
+
 def registry_digest(reference: str, log: BuildLog, *, insecure: Iterable[str] = ()) -> str:
     """The manifest digest the registry reports for a reference (the one resolver: RegistryClient)."""
     try:
@@ -503,8 +526,8 @@ def registry_digest(reference: str, log: BuildLog, *, insecure: Iterable[str] = 
             return client.resolve(reference)
     except ImageNotFound as exc:
         raise log.fail(f"cannot resolve {reference}: {exc}", error=BuildInputError) from None
-    except RegistryError as exc:
-        raise log.fail(f"cannot resolve {reference}: {exc}") from None
+    except RegistryError as exc:  # unreachable, unauthorized: the registry's part, not the candidate's
+        raise log.fail(f"cannot resolve {reference}: {exc}", error=BuildInfraError) from None
 
 
 def build_buildah(manifest: ReleaseManifest, data_dir: Path, manifest_dir: Path) -> BuildResult:

@@ -42,6 +42,11 @@ app.add_typer(gate_app, name="gate")
 
 
 def main() -> None:
+    import sys
+
+    from qualify.cli.pipes import ClosedPipeSafe
+
+    sys.stdout = ClosedPipeSafe(sys.stdout)  # type: ignore[assignment]  # `| head` ends quietly
     app()
 
 

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from qualify.cli.common import DbOption, JsonOption, open_db, say
+from qualify.cli.outputs import output_file, write_bytes
 from qualify.comparison import calibration_views, case_history, compare_runs, resolve_ref
 from qualify.errors import BadInput
 from qualify.report.views import fmt_number
@@ -82,14 +83,15 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
 
     if metric is not None and not metric_info.is_known(metric):
         raise BadInput(f"unknown metric {metric!r} (known: {', '.join(sorted(metric_info.METRICS))})")
+    if png is not None:
+        output_file(png, "--png")  # bad input before anything is read
     with open_db(db, migrate=False)() as session:
         metric, points = case_history(session, case_id, metric, repository=repository, limit=limit)
         calibrations = calibration_views(session, [p.fingerprint_key for p in points], metric)
     if png is not None:
         from qualify.report.charts import history_chart
 
-        png.parent.mkdir(parents=True, exist_ok=True)
-        png.write_bytes(history_chart(case_id, metric, [p.to_dict() for p in points]))
+        write_bytes(png, history_chart(case_id, metric, [p.to_dict() for p in points]), "--png")
     if as_json:
         print(json.dumps({"case_id": case_id, "metric": metric, "direction": metric_info.direction(metric),
                           "png": str(png) if png else None, "points": [p.to_dict() for p in points],

@@ -117,7 +117,8 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         raise InfraError(f"{case.case_id}: the database refused the result ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}); it is kept in {spooled}: "
                          f"`qualify run --resume {ctx.run_id}` records it without running the case again") from exc
-    spooled.unlink(missing_ok=True)
+    # The spooled file stays until the verdict: the database's identity is confirmed then (store/same_database),
+    # and a database that vanished meanwhile leaves every result here for --resume.
     outcome = CaseOutcome(case_id=case.case_id, status=CaseStatus(doc.get("status")),
                           error_class=ErrorClass(doc["error_class"]) if doc.get("error_class") else None,
                           error=doc.get("error"), attempts=attempts, exec_s=out.exec_s,

@@ -40,7 +40,7 @@ from qualify.execution.node_facts import gpu_ids_of
 from qualify.execution.result import CaseRunResult, bundle_task_options, node_share
 from qualify.executors import Executor
 from qualify.manifest import Resources
-from qualify.workloads import protocol
+from qualify.workloads import protocol, rank_figures
 from qualify.workloads.train.ranks import RANK_FAILURE_ORDER, free_port
 
 MULTINODE_KINDS = ("train",)  # workloads that know node_rank / master_addr
@@ -153,6 +153,8 @@ def merge_node_docs(case_doc: dict[str, Any], runs: Sequence[NodeRun], *, device
     problem = world_problem(runs, devices)
     if problem:
         doc.update(status="error", error_class="crash", error=problem)
+    elif len(runs) > 1:  # every node's figures, not node 0's (qualify.workloads.rank_figures)
+        doc = rank_figures.combine({r.node_rank: r.doc for r in runs}, doc)
     return doc
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from qualify.errors import InfraError
 from qualify.execution import launches
 from qualify.execution.node_facts import gpu_ids_of
 from qualify.execution.result import CaseRunResult, node_share
@@ -51,8 +52,16 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
     bind_children_to_this_process()  # Ray's processes die with this one, even on SIGKILL
     if address:
         # A remote cluster gets the workload package (and the executors) with the job.
-        ray.init(address=address, log_to_driver=True, ignore_reinit_error=True,
-                 runtime_env={"py_modules": [str(QUALIFY_PACKAGE_DIR)]})
+        # An unreachable cluster is one line (issue 24.8): the core worker's own connect retries stay off
+        # the console, and what ray.init raises becomes an InfraError naming the address.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+        _check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=True, ignore_reinit_error=True, configure_logging=False,
+                     runtime_env={"py_modules": [str(QUALIFY_PACKAGE_DIR)]})
+        except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError: all the cluster's
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise InfraError(f"Ray at {address} is unreachable: {type(exc).__name__}: {first}") from None
         return RayHandle(address, started_here=True)
     bind_local_cluster_to_loopback()
     temp = settings.ray_temp_dir or Path(tempfile.gettempdir()) / "qualify-ray"
@@ -61,6 +70,21 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
              _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
              configure_logging=False)
     return RayHandle(None, started_here=True)
+
+
+def _check_reachable(address: str, timeout_s: float = 15.0) -> None:
+    """A `host:port` or `ray://host:port` that accepts no connection is refused at once: ray.init would retry
+    it for minutes, printing each retry."""
+    host_port = address.removeprefix("ray://")
+    if address == "auto" or "://" in host_port or ":" not in host_port:
+        return
+    host, _, port = host_port.rpartition(":")
+    if not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise InfraError(f"Ray at {address} is unreachable: {exc.strerror or exc}") from None
 
 
 def bind_local_cluster_to_loopback() -> None:

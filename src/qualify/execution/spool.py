@@ -1,8 +1,9 @@
 """Finished results reach disk before the database: a failed write never loses a case.
 
 The driver spools each final result (the case's document plus where and how long it ran) as one JSON
-file under <data dir>/db-<database uuid>/spool/run-<id>/, writes it to the database with retries, and removes the file once
-the row is committed. `qualify run --resume RUN` records whatever a crash left in the spool before it
+file under <data dir>/db-<database uuid>/spool/run-<id>/, writes it to the database with retries, and removes the run's
+files once the database the run opened is confirmed before the verdict (qualify.store.same_database): a database that
+vanished or was replaced mid-run loses nothing. `qualify run --resume RUN` records whatever a crash left in the spool before it
 decides which cases still need to run, so a finished case is never run twice.
 """
 
@@ -88,3 +89,14 @@ def with_retries(write_once: Callable[[], T], *, attempts: int = 6, first_delay_
             sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
+
+
+def clear(data_dir: Path, run_id: int) -> None:
+    """Remove a run's spooled results (all of them are in the database the run opened)."""
+    folder = run_dir(data_dir, run_id)
+    for path in folder.glob("*.json"):
+        path.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (a file another process writes) or gone
+        pass

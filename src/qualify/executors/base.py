@@ -159,19 +159,53 @@ def _text(data: Any) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How the workload's process ended, as the executor saw it: its exit status, the signal that killed it
+    (the local executor: a negative return code; a container: the engine's 128+N), and whether the kernel's
+    OOM killer ended it by the container's own state (None: not known)."""
+
+    exit_code: int | None
+    signal: int | None = None
+    oom_killed: bool | None = None
+
+    @classmethod
+    def local(cls, returncode: int | None) -> "Ending":
+        return cls(returncode, -returncode if returncode is not None and returncode < 0 else None)
+
+    @property
+    def clean(self) -> bool:
+        return self.exit_code == 0 and self.signal is None and not self.oom_killed
+
+    def failure(self) -> tuple[str, str]:
+        """The error class and message of an unclean end."""
+        if self.oom_killed:
+            return "oom", "killed by the kernel's out-of-memory killer (the container's State.OOMKilled)"
+        if self.signal is not None:
+            if self.oom_killed is False and self.signal == signal.SIGKILL:
+                return "crash", "workload killed by SIGKILL (not by the out-of-memory killer: State.OOMKilled is false)"
+            return signal_class(self.signal)
+        return "crash", f"workload exited with code {self.exit_code}"
+
+
 def outcome_from_command(case_doc: dict[str, Any], res: CommandResult, command: list[str],
-                         timeout_s: float, not_found_hint: str | None = None) -> ExecutionOutcome:
+                         timeout_s: float, not_found_hint: str | None = None,
+                         ending: Ending | None = None) -> ExecutionOutcome:
     """Turn a finished command into an outcome with a valid result document.
 
     Classes: could not start -> infra; timeout -> timeout; killed by SIGKILL without our timeout (the
     kernel's OOM killer) -> oom; killed by another signal (SIGSEGV, SIGABRT, ...) -> crash; non-zero exit
-    without a document -> crash (the image's fault, never retried).
+    without a document -> crash (the image's fault, never retried). A passed document followed by a non-zero
+    exit or a signal (a crash in teardown, say) is a crash too: how the process ended wins, and the document
+    is kept as evidence in the result's environment (`result_before_crash`), never as the figures.
+    `ending`: how it ended when the executor knows more than the return code (a container's state).
     """
     stderr_tail = res.stderr[-TAIL_CHARS:]
+    ending = ending or Ending.local(res.returncode)
 
-    def synth(status: str, error_class: str, message: str) -> dict[str, Any]:
+    def synth(status: str, error_class: str, message: str, **extra: Any) -> dict[str, Any]:
         return protocol.make_result(case_doc, status, error_class=error_class, error=message,
-                                    log_tail=stderr_tail, duration_s=res.seconds)
+                                    log_tail=stderr_tail, duration_s=res.seconds, **extra)
 
     if res.start_error:
         doc = synth("error", "infra", res.start_error)
@@ -183,9 +217,14 @@ def outcome_from_command(case_doc: dict[str, Any], res: CommandResult, command: 
             problems = protocol.validate_result(doc)
             if problems:
                 doc = synth("error", "crash", "malformed result document: " + "; ".join(problems))
+            elif doc.get("status") == "passed" and not ending.clean:
+                error_class, message = ending.failure()
+                doc = synth("error", error_class,
+                            f"{message} after it printed a passed result document (kept as evidence in "
+                            "environment.result_before_crash)", environment={"result_before_crash": doc})
         except ValueError:
-            if res.returncode is not None and res.returncode < 0:
-                doc = synth("error", *signal_class(-res.returncode))
+            if ending.oom_killed or ending.signal is not None:
+                doc = synth("error", *ending.failure())
             elif not_found_hint and res.returncode == 127:
                 doc = synth("error", "crash", not_found_hint)
             else:

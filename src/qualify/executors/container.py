@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 from qualify import container_policy
 from qualify.settings import Settings
-from qualify.executors.base import (TAIL_CHARS, CommandResult, ExecutionOutcome, case_json,
+from qualify.executors.base import (TAIL_CHARS, CommandResult, Ending, ExecutionOutcome, case_json,
                                     outcome_from_command, run_command)
 from qualify.executors.environment import engine_environment
 from qualify.workloads import protocol
@@ -224,7 +224,8 @@ class ContainerExecutor:
         problems = self.policy_problems()
         if problems:
             raise ValueError("execution.container refused: " + "; ".join(problems))
-        argv = [*self.engine_argv(), "run", "--rm", "-i", "--name", name, "--network", self.network]
+        # No --rm: the container is removed by name after its state was read (State.OOMKilled, issue 24.9).
+        argv = [*self.engine_argv(), "run", "-i", "--name", name, "--network", self.network]
         if self._podman:
             argv += ["--pull", "missing"]
             if not self.tls_verify:
@@ -301,14 +302,35 @@ class ContainerExecutor:
                 # own helpers (conmon, its cleanup) must outlive the client to remove it.
                 res = run_command(argv, case_json(case_doc), timeout_s, env=self.engine_env(via_engine),
                                   on_timeout=lambda: self.remove(name), track=False)
+                ending = self.ending(name, res)
             finally:
                 self.remove(name)
         finally:
             shutil.rmtree(private, ignore_errors=True)
-        return self._outcome(case_doc, res, argv, timeout_s)
+        return self._outcome(case_doc, res, argv, timeout_s, ending)
+
+    def ending(self, name: str, res: CommandResult) -> Ending:
+        """How the container ended. The engine reports a signal as the exit code 128+N, and a kernel OOM kill
+        as an ordinary 137: only the container's own state (State.OOMKilled) tells them apart."""
+        rc = res.returncode
+        if rc is None or rc == 0 or res.timed_out or res.start_error:
+            return Ending.local(rc)
+        signum = rc - 128 if 128 < rc < 128 + 65 else None
+        return Ending(rc, signum, self.oom_killed(name))
+
+    def oom_killed(self, name: str) -> bool | None:
+        """The container's State.OOMKilled (None when the engine cannot say)."""
+        argv = [*self.engine_argv(), "inspect", "--format", "{{.State.OOMKilled}}", name]
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, env=self.engine_env(),
+                                 timeout=self.rm_timeout_s)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        answer = res.stdout.strip().lower() if res.returncode == 0 else ""
+        return {"true": True, "false": False}.get(answer)
 
     def _outcome(self, case_doc: dict[str, Any], res: CommandResult, argv: list[str],
-                 timeout_s: float) -> ExecutionOutcome:
+                 timeout_s: float, ending: Ending | None = None) -> ExecutionOutcome:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1][:500]
         engine_failed = (not res.timed_out and not res.start_error and res.returncode == ENGINE_ERROR
                          and not _has_document(res.stdout))
@@ -323,7 +345,7 @@ class ContainerExecutor:
         hint = (f"image {self.image} cannot run `python3 -m qualify.workloads.{case_doc.get('kind')}`: "
                 f"python3 is not on the image's PATH (the container executor needs an image with "
                 f"Python 3): {last}")
-        return outcome_from_command(case_doc, res, argv, timeout_s, not_found_hint=hint)
+        return outcome_from_command(case_doc, res, argv, timeout_s, not_found_hint=hint, ending=ending)
 
 
 def _has_document(stdout: str) -> bool:

@@ -21,7 +21,7 @@ from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import noninferiority as ni
 from qualify.gate import stats
 from qualify.gate.calibration import lookup as calibration_lookup
-from qualify.manifest import Component, GatePolicy, Waiver
+from qualify.manifest import WAIVABLE_CHECKS, WAIVABLE_FAMILIES, Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
 
 PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WAIVED,
@@ -29,7 +29,8 @@ PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = (CheckStatus.PASS, CheckStatus.FAI
 REASON_STATUSES = tuple(CheckStatus)
 
 # Checks a waiver can cover; completeness (a case that did not produce a good result) cannot be waived.
-WAIVABLE_PREFIXES = ("component:", "threshold:", "agreement", "probe:", "regression", "variant_gain")
+# What a waiver may name is checked at validation (qualify.manifest.waiver_check_problem).
+WAIVABLE_PREFIXES = tuple(f"{f}:" for f in WAIVABLE_FAMILIES) + WAIVABLE_CHECKS
 
 
 # --------------------------------------------------------------------------- data
@@ -401,7 +402,8 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
     unusable = NO_BASELINE if reg.baseline == "optional" else INCOMPLETE
     suffix = " (gate.regression.baseline: optional)" if reg.baseline == "optional" else ""
     if not named:
-        return [Reason("regression", None, NO_BASELINE, "no previous release named (release.previous_tag)")]
+        # History mode without a previous release judges nothing: only a first release says so (optional).
+        return [Reason("regression", None, unusable, f"no previous release named (release.previous_tag){suffix}")]
     if baseline is None:
         return [Reason("regression", None, unusable,
                        f"no usable baseline: {baseline_label or 'the previous release has no PASS run'}{suffix}")]
@@ -619,19 +621,49 @@ def check_quantization_evidence(cases: Sequence[Case], results: Mapping[str, Res
                                   f"the {case.variant} weights were not read back: "
                                   f"{env.get('quantization_not_verified_reason') or 'no reason given'}", figures))
         elif figures.get("quantized_weights") is not None:
-            share, ratio = figures.get("quantized_share"), figures.get("weight_bytes_ratio")
-            reasons.append(Reason("quantization", case.case_id, PASS,
-                                  f"{figures['quantized_weights']}/{figures.get('linear_weights')} linear weights "
-                                  f"quantized (share {_fmt(share)}), weight bytes x{_fmt(ratio)} of the reference",
-                                  figures))
+            reasons.append(_layer_reason(case, env.get(LAYER_EVIDENCE), figures))
     return reasons
+
+
+LAYER_EVIDENCE = "layer_quantization"  # qualify.workloads.infer.layer_evidence.KEY
+_NAMED = 8  # layers named in a message (all of them are in the figures)
+
+
+def _layer_reason(case: Case, evidence: Any, figures: dict[str, Any]) -> Reason:
+    """Exactly the layers the scheme should quantize are quantized (issue 24.5): a byte ratio lets a third of the
+    layers stay in float; the names do not. lm_head is expected only with quantize_lm_head."""
+    if not isinstance(evidence, dict) or not isinstance(evidence.get("expected"), list) \
+            or not isinstance(evidence.get("quantized"), list) or not evidence["expected"]:
+        return Reason("quantization", case.case_id, INCOMPLETE,
+                      f"the {case.variant} result reports read-back figures but no per-layer evidence (which linear "
+                      "layers are quantized): it cannot show that every layer the scheme targets was quantized",
+                      figures)
+    expected, quantized = set(map(str, evidence["expected"])), set(map(str, evidence["quantized"]))
+    missing, extra = sorted(expected - quantized), sorted(quantized - expected)
+    figures = {**figures, "layers_expected": len(expected), "layers_quantized": len(quantized & expected),
+               "layers_left_in_float": missing, "layers_quantized_unexpectedly": extra}
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} of {len(expected)} layers the scheme quantizes are not quantized: "
+                         f"{', '.join(missing[:_NAMED])}{' ...' if len(missing) > _NAMED else ''}")
+        if extra:
+            parts.append(f"{len(extra)} layers outside the scheme are quantized: "
+                         f"{', '.join(extra[:_NAMED])}{' ...' if len(extra) > _NAMED else ''}"
+                         + (" (lm_head is quantized only with quantize_lm_head)"
+                            if any(x.rsplit('.', 1)[-1] == "lm_head" for x in extra) else ""))
+        return Reason("quantization", case.case_id, FAIL, f"{case.variant}: " + "; ".join(parts), figures)
+    share, ratio = figures.get("quantized_share"), figures.get("weight_bytes_ratio")
+    return Reason("quantization", case.case_id, PASS,
+                  f"all {len(expected)} linear layers the scheme targets are quantized and no other (share "
+                  f"{_fmt(share)}), weight bytes x{_fmt(ratio)} of the reference", figures)
 
 
 # --------------------------------------------------------------------------- waivers
 
 
 def _waivable(check: str) -> bool:
-    return any(check == p or check.startswith(p) for p in WAIVABLE_PREFIXES)
+    return check in WAIVABLE_CHECKS or any(check.startswith(p) for p in WAIVABLE_PREFIXES if p.endswith(":"))
 
 
 def _waiver_subject(reason: Reason) -> str:

@@ -1,6 +1,7 @@
 """`gate check`: may this image reference be pushed? Same rules for the CLI and any service.
 
-PASS only when (1) the digest's LATEST decision (by id) is PASS, (2) the reference's repository is
+PASS only when (1) the digest stands PASS in every release that judged it for this repository (per release,
+the newest judged run's latest decision: qualify.gate.standing), (2) the reference's repository is
 the one that was qualified or one of its promotion targets (a digest qualified as `a/b` does not
 make `evil/thing@<digest>` qualified), (3) a tag, when given, resolves to that digest (the caller
 resolves it), and (4) the release name and policy hash match when the caller requires them.
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.manifest.load import ManifestError
 from qualify.outcomes import CheckStatus, Verdict
+from qualify.gate.standing import by_release
 from qualify.store import repo
 from qualify.store.models import Run
 from qualify.timestamps import iso
@@ -33,6 +35,8 @@ class PushCheck:
     policy_sha256: str | None = None
     decided_at: dt.datetime | None = None
     overrides_pass_decision: int | None = None
+    standings: list[dict[str, Any]] = field(default_factory=list)  # per release: run, decision, verdict
+    newest_decision: int | None = None  # the newest decision about the digest: an answer holds until it changes
     reasons: list[dict[str, Any]] = field(default_factory=list)  # the decision's FAIL/INCOMPLETE reasons
     problems: list[str] = field(default_factory=list)  # why this reference is refused despite the verdict
 
@@ -45,7 +49,8 @@ class PushCheck:
                 "verdict": self.verdict, "decision": self.decision, "run": self.run, "release": self.release,
                 "policy_sha256": self.policy_sha256,
                 "decided_at": iso(self.decided_at),
-                "overrides_pass_decision": self.overrides_pass_decision, "reasons": self.reasons,
+                "overrides_pass_decision": self.overrides_pass_decision, "standings": self.standings,
+                "reasons": self.reasons,
                 "problems": self.problems}
 
 
@@ -90,28 +95,47 @@ def _name(reference: str) -> str | None:
 
 def check_push(session: Session, ref: ImageRef, digest: str, *, tag_digest: str | None = None,
                release_name: str | None = None, policy_sha256: str | None = None) -> PushCheck:
-    """Judge a reference whose digest is known (`tag_digest`: what its tag resolves to, when it has one)."""
+    """Judge a reference whose digest is known (`tag_digest`: what its tag resolves to, when it has one).
+
+    The digest's standing per release (qualify.gate.standing) decides, over the releases that qualify the
+    reference's repository (else over all, with the repository named as a problem) and, with
+    `release_name`, only that release's: PASS only when every one of them stands PASS. A non-PASS standing
+    is what is reported; another release's PASS never clears it."""
     out = PushCheck(reference=str(ref), digest=digest, verdict=None)
     if ref.tag and tag_digest is not None and tag_digest != digest:
         out.problems.append(f"tag {ref.tag} resolves to {tag_digest}, not {digest}")
-    latest = repo.latest_decision_for_digest(session, digest)
-    if latest is None:
+    decisions = repo.decisions_for_digest(session, digest)
+    every = by_release(decisions)
+    if not every:
         return out
-    run = repo.get_run(session, latest.run_id)
-    assert run is not None
+    out.newest_decision = decisions[-1][0].id
+    scope = [s for s in every if ref.name in qualified_repositories(s.run)]
+    if not scope:
+        allowed = set().union(*(qualified_repositories(s.run) for s in every))
+        out.problems.append(f"repository {ref.name} is not where {digest} was qualified "
+                            f"(qualified for: {', '.join(sorted(allowed))})")
+        scope = every
+    if release_name is not None:
+        named = [s for s in scope if s.run.release.name == release_name]
+        if not named:
+            judged = sorted({s.run.release.name for s in scope})
+            out.problems.append(f"the decision is about release {', '.join(map(repr, judged))}, "
+                                f"not {release_name!r}")
+        scope = named or scope
+    blocking = [s for s in scope if not s.passed]
+    shown = max(blocking or scope, key=lambda s: s.decision.id)
+    latest = shown.decision
     out.verdict = Verdict(latest.verdict)
     out.decision, out.run, out.decided_at = latest.id, latest.run_id, latest.decided_at
-    out.release, out.policy_sha256 = f"{run.release.name}:{run.release.tag}", latest.policy_sha256
+    out.release, out.policy_sha256 = shown.release, latest.policy_sha256
+    out.standings = [s.to_dict() for s in every]
     out.reasons = [r for r in latest.reasons or [] if r.get("status") in (CheckStatus.FAIL, CheckStatus.INCOMPLETE)]
     if out.verdict != Verdict.PASS:
         earlier = repo.latest_pass_for_digest(session, digest)
         out.overrides_pass_decision = earlier.id if earlier else None
-    allowed = qualified_repositories(run)
-    if ref.name not in allowed:
-        out.problems.append(f"repository {ref.name} is not where {digest} was qualified "
-                            f"(qualified for: {', '.join(sorted(allowed))})")
-    if release_name is not None and run.release.name != release_name:
-        out.problems.append(f"the decision is about release {run.release.name!r}, not {release_name!r}")
-    if policy_sha256 is not None and not (latest.policy_sha256 or "").startswith(policy_sha256):
-        out.problems.append(f"the decision applied policy {latest.policy_sha256[:12]}, not {policy_sha256}")
+    if policy_sha256 is not None:
+        for s in scope:
+            if not (s.decision.policy_sha256 or "").startswith(policy_sha256):
+                out.problems.append(f"the decision {s.decision.id} ({s.release}) applied policy "
+                                    f"{(s.decision.policy_sha256 or '')[:12]}, not {policy_sha256}")
     return out

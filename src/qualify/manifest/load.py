@@ -497,6 +497,18 @@ def model_name_problems(release: ReleaseManifest, file: str) -> list[Problem]:
     return problems
 
 
+def baseline_problems(release: ReleaseManifest, file: str) -> list[Problem]:
+    """A regression check that compares with the previous release needs one named: without
+    release.previous_tag, `baseline: history` (the default) would judge nothing and pass."""
+    reg = release.gate.regression
+    if not reg.enabled or reg.baseline != "history" or release.release.previous_tag:
+        return []
+    return [Problem(file, "release.previous_tag",
+                    "missing: gate.regression.baseline 'history' (the default) compares the candidate with "
+                    "the previous release: name it here, or set gate.regression.baseline: optional for a "
+                    "first release (or gate.regression.enabled: false)")]
+
+
 def semantic_problems(release: ReleaseManifest, file: str, today: dt.date, check_expiry: bool = True) -> list[Problem]:
     too_many = case_count_problem(release, file)
     if too_many is not None:
@@ -508,6 +520,8 @@ def semantic_problems(release: ReleaseManifest, file: str, today: dt.date, check
 
     if check_expiry:  # a stored manifest is not re-judged by this checkout's model tables
         problems += model_name_problems(release, file)
+    if check_expiry:  # a stored manifest is re-judged instead: the gate calls the check INCOMPLETE
+        problems += baseline_problems(release, file)
     waivers = release.gate.waivers
     for k, waiver in enumerate(waivers):
         if check_expiry and waiver.expires < today:

@@ -20,7 +20,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationIn
 
 from qualify import container_policy
 from qualify import metrics as metric_info
-from qualify.imageref import InvalidReference, parse_reference
+from qualify.imageref import TAG_PATTERN, InvalidReference, parse_reference
 from qualify.versions import MatchRule, is_parseable
 from qualify.workloads.infer.params import (  # noqa: F401 - ENGINE_SCHEMES, PREQUANTIZED_SCHEMES: re-exported
     ENGINE_SCHEMES,
@@ -39,6 +39,9 @@ __all__ = [
     "Probe",
     "DEEPSEEK_R1_MAX_MODEL_LEN",
     "WAIVER_MAX_MODEL_LEN",
+    "WAIVABLE_CHECKS",
+    "WAIVABLE_FAMILIES",
+    "waiver_check_problem",
     "Strict",
     "training_presets",
     "inference_model_names",
@@ -88,6 +91,27 @@ Probe = Literal[PROBES]  # type: ignore[valid-type]
 # Release note, known issues: DeepSeek-R1 with --max-model-len of 80k or more may OOM.
 DEEPSEEK_R1_MAX_MODEL_LEN = 80_000
 WAIVER_MAX_MODEL_LEN = "max_model_len_limit"
+# What a waiver may name (issue 24.3): one check, or one family of checks written out (`threshold:*`), never a
+# pattern that covers more (`*`, `?`, `[...]` would turn every FAIL into WAIVED). The gate's WAIVABLE_PREFIXES
+# are built from these.
+WAIVABLE_CHECKS = ("regression", "variant_gain", "agreement")
+WAIVABLE_FAMILIES = ("component", "threshold", "probe")
+_PATTERN_CHARS = frozenset("*?[]")
+
+
+def waiver_check_problem(check: str) -> str | None:
+    """Why a waiver's `check` is refused, or None."""
+    if check in WAIVABLE_CHECKS or check == WAIVER_MAX_MODEL_LEN:
+        return None
+    family, sep, name = check.partition(":")
+    if sep and family in WAIVABLE_FAMILIES and (name == "*" or (
+            name.strip() == name and name and not _PATTERN_CHARS & set(name))):
+        return None
+    return (f"{check!r} is not one check or one family of checks: name one of "
+            f"{', '.join(WAIVABLE_CHECKS + (WAIVER_MAX_MODEL_LEN,))}, "
+            f"{', '.join(f'{f}:<name>' for f in WAIVABLE_FAMILIES)}, or one family written out "
+            f"({', '.join(f'{f}:*' for f in WAIVABLE_FAMILIES)}); a pattern (*, ?, [...]) that covers more "
+            "checks is refused, and completeness cannot be waived")
 
 
 class Strict(BaseModel):
@@ -205,7 +229,7 @@ class ReleaseInfo(Strict):
     @field_validator("tag", "candidate_tag", "previous_tag")
     @classmethod
     def _tag(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[\w][\w.-]{0,127}", value):
+        if value is not None and not re.fullmatch(TAG_PATTERN, value):
             raise ValueError(f"{value!r} is not a valid image tag")
         return value
 
@@ -711,8 +735,22 @@ class Waiver(Strict):
     reason: str = Field(min_length=3)
     expires: dt.date
 
+    @field_validator("check")
+    @classmethod
+    def _one_check(cls, value: str) -> str:
+        problem = waiver_check_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    def covers_check(self, check: str) -> bool:
+        """The check itself, or a member of the family written out as `family:*` (never a glob)."""
+        if self.check.endswith(":*"):
+            return check.startswith(self.check[:-1]) and len(check) > len(self.check) - 1
+        return check == self.check
+
     def covers(self, case_id: str, check: str) -> bool:
-        return fnmatch.fnmatchcase(case_id, self.cases) and fnmatch.fnmatchcase(check, self.check)
+        return fnmatch.fnmatchcase(case_id, self.cases) and self.covers_check(check)
 
 
 class GatePolicy(Strict):

@@ -1,8 +1,8 @@
 """The gating service: an HTTP API over the results database (FastAPI, served by uvicorn: `qualify serve`).
 
 * ``GET /v1/gate?ref=IMAGE_REF`` -- may this reference be pushed? The rules of `qualify gate check`
-  (qualify.gate.push_check.check_push: the digest's latest decision by id, the repository it was qualified
-  for, a tag resolved in the registry must point to that digest), answered by status code alone
+  (qualify.gate.push_check.check_push: the digest's standing per release -- qualify.gate.standing --, the
+  repository it was qualified for, a tag resolved in the registry must point to that digest), answered by status code alone
   (qualify.service.gate_answers): 200 only when it may be pushed, 403 when judged but refused, 404 when never
   judged; each answer carries the verdict and the reasons. Every error is RFC 9457 problem details
   (qualify.service.problems).
@@ -228,7 +228,7 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
             body["judged"] = note
         status = body.get("status", 200)
         answer = (status, json.dumps(body, default=str, separators=(",", ":")).encode())
-        answers.put(key, result.decision, answer)
+        answers.put(key, result.newest_decision, answer)  # what the cache re-validates against
         return answer
 
     @app.post("/v1/registry/events", summary="the registry's notifications (bearer token required)",

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from qualify.settings import redact_url
-from qualify.errors import InfraError
+from qualify.errors import BadInput, InfraError
 
 # Shipped as package data, so an installed (non-editable) qualify can migrate its database.
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -19,13 +19,38 @@ class DatabaseError(InfraError):
     """The database cannot be reached or is not at the expected schema."""
 
 
-def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
+BACKENDS = ("sqlite", "postgresql")
+
+
+def check_url(url: str) -> URL:
+    """The database URL parsed, or BadInput naming it (issue 24.10): `foo`, `mysql://...`, a driver that is
+    not installed are the user's to fix, not an infrastructure failure."""
+    shown = redact_url(url)
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - sqlalchemy's ArgumentError, ValueError: not a URL at all
+        raise BadInput(f"database URL {shown!r} is not a URL: give sqlite:///PATH or "
+                       "postgresql://USER@HOST[:PORT]/DB") from None
+    if parsed.get_backend_name() not in BACKENDS:
+        raise BadInput(f"database URL {shown!r}: {parsed.get_backend_name()!r} is not supported "
+                       f"(sqlite:///PATH or postgresql://USER@HOST[:PORT]/DB)")
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, ""):
+        raise BadInput(f"database URL {shown!r} names no file: give sqlite:///PATH")
+    return parsed
+
+
+def make_engine(url: str, busy_timeout_s: float = 30.0, *, create: bool = True) -> Engine:
     """busy_timeout_s: how long a SQLite statement waits for another writer's lock before it fails
     (the driver then retries the write: qualify.execution.spool.with_retries)."""
-    parsed = make_url(url)
+    parsed = check_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            if not create and not Path(parsed.database).is_file():
+                # A read-only command never creates the file (or its folders) to find it empty (issue 24.11).
+                raise DatabaseError(f"no results database at {parsed.database}: `qualify db upgrade` creates it "
+                                    "(`qualify run` does too)")
+            if create:
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": busy_timeout_s})
 
         @event.listens_for(engine, "connect")
@@ -44,6 +69,11 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+def _first_line(exc: BaseException) -> str:
+    """One line of a driver's message (psycopg's run over several, with a hint and a link)."""
+    return (str(exc).strip().splitlines() or [""])[0][:300]
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
@@ -60,10 +90,11 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
 def upgrade(url: str, revision: str = "head") -> None:
     from alembic import command
 
+    check_url(url)
     try:
         command.upgrade(alembic_config(url), revision)
     except Exception as exc:  # noqa: BLE001 - reported with the (redacted) URL
-        raise DatabaseError(f"cannot migrate {redact_url(url)}: {type(exc).__name__}: {exc}") from exc
+        raise DatabaseError(f"cannot migrate {redact_url(url)}: {type(exc).__name__}: {_first_line(exc)}") from exc
 
 
 def head_revision() -> str:
@@ -80,9 +111,10 @@ def open_database(url: str, migrate: bool = True) -> tuple[Engine, sessionmaker[
     Without migrate (read-only commands) the schema is checked, never changed: a database that is
     not at the head revision is refused with what to run.
     """
+    check_url(url)
     if migrate:
         upgrade(url)
-    engine = make_engine(url)
+    engine = make_engine(url, create=migrate)
     try:
         with engine.connect() as conn:
             if "runs" not in inspect(conn).get_table_names():
@@ -97,5 +129,5 @@ def open_database(url: str, migrate: bool = True) -> tuple[Engine, sessionmaker[
     except DatabaseError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise DatabaseError(f"cannot connect to {redact_url(url)}: {type(exc).__name__}: {exc}") from exc
+        raise DatabaseError(f"cannot connect to {redact_url(url)}: {type(exc).__name__}: {_first_line(exc)}") from exc
     return engine, session_factory(engine)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from qualify.errors import BadInput
 from qualify.manifest.load import LoadedManifest, load_manifest_text
@@ -128,7 +128,14 @@ def finish_run(session: Session, run: Run, status: str, error: str | None = None
     run.error = error
 
 
+# Ids are INTEGER columns: PostgreSQL's are 32-bit, and a larger number is no run rather than an
+# OverflowError or a database error (issue 24.10).
+MAX_ID = 2**31 - 1
+
+
 def get_run(session: Session, run_id: int) -> Run | None:
+    if not 0 < run_id <= MAX_ID:
+        return None
     return session.get(Run, run_id)
 
 
@@ -278,6 +285,14 @@ def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | 
     """The newest decision about a digest (one indexed query on (digest, verdict, decided_at))."""
     return session.scalar(select(GateDecision).where(GateDecision.digest == digest)
                           .order_by(GateDecision.id.desc()).limit(1))
+
+
+def decisions_for_digest(session: Session, digest: str) -> Sequence[tuple[GateDecision, Run]]:
+    """Every decision about a digest with its run (and the run's release loaded), oldest first by id."""
+    stmt = (select(GateDecision, Run).join(Run, Run.id == GateDecision.run_id)
+            .options(joinedload(Run.release), joinedload(Run.image))
+            .where(GateDecision.digest == digest).order_by(GateDecision.id))
+    return [(d, r) for d, r in session.execute(stmt).unique().all()]
 
 
 def latest_pass_for_digest(session: Session, digest: str) -> GateDecision | None:

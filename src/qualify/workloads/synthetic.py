@@ -14,10 +14,13 @@ params:
                                       demand (the baseline side of a paired case never gets it)
   fail: <error class>                 report a failed result of that class (e.g. low_agreement, nan_loss)
   signal: SEGV                        die by that signal (a crash the executor must classify)
+  after_result: SEGV | <int>          print the (passed) document, then die by that signal or exit with that
+                                      code at interpreter exit (a crash in teardown, after the figures)
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -39,15 +42,31 @@ def _slowed(metric: str, value: float, slowdown: float) -> float:
     return value
 
 
+def _signal(value: Any, field: str) -> int:
+    name = str(value).upper()
+    signum = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
+    if not isinstance(signum, int):
+        raise protocol.BadCase(f"params.{field}: {value!r} is not a signal name")
+    return signum
+
+
+def _end_after_result(value: Any) -> None:
+    """At interpreter exit (after the document was printed): die by a signal or exit with a code."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        atexit.register(os._exit, value)
+        return
+    signum = _signal(value, "after_result")
+    atexit.register(lambda: (sys.stdout.flush(), os.kill(os.getpid(), signum)))
+
+
 def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
     params = case.get("params") or {}
     if params.get("signal"):
-        name = str(params["signal"]).upper()
-        signum = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
-        if not isinstance(signum, int):
-            raise protocol.BadCase(f"params.signal: {params['signal']!r} is not a signal name")
+        signum = _signal(params["signal"], "signal")
         sys.stderr.flush()
         os.kill(os.getpid(), signum)
+    if params.get("after_result") is not None:
+        _end_after_result(params["after_result"])
     samples = params.get("samples") or {}
     by_launch = params.get("launch_samples")
     if by_launch is not None:

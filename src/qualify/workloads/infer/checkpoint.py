@@ -23,6 +23,8 @@ import os
 import struct
 from typing import Any
 
+from qualify.workloads.infer import layer_evidence
+
 _QDATA = ("qweight", "weight_packed")
 _INT8 = ("I8", "U8")
 _EXCLUDED_MODULES = ("embed_tokens", "wte", "word_embeddings", "lm_head", "embed_out", "output")
@@ -68,26 +70,37 @@ def linear_modules(reference: dict[str, dict[str, Any]], quantize_lm_head: bool 
     return sorted(mods)
 
 
-def readback(quantized_dir: str, reference_dir: str, bits: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _parts(q: dict[str, dict[str, Any]], module: str) -> dict[str, dict[str, Any]]:
+    return {k[len(module) + 1:]: v for k, v in q.items()
+            if k.startswith(module + ".") and "." not in k[len(module) + 1:] and not k.endswith(".bias")}
+
+
+def _stored_bits(q: dict[str, dict[str, Any]], ref: dict[str, dict[str, Any]], module: str) -> float | None:
+    """Bits per weight of the module's quantized data in the checkpoint (None: not quantized data)."""
+    parts = _parts(q, module)
+    data = next((parts[n] for n in _QDATA if n in parts), None)
+    if data is None and parts.get("weight", {}).get("dtype") in _INT8:
+        data = parts["weight"]
+    return data["bytes"] * 8 / _numel(ref[f"{module}.weight"]["shape"]) if data else None
+
+
+def readback(quantized_dir: str, reference_dir: str, bits: int,
+             quantize_lm_head: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metrics, environment facts) as quant.readback gives them for torchao, from the files."""
     q = read_headers(quantized_dir)
     ref = read_headers(reference_dir)
     if not q or not ref:
         raise ValueError("no .safetensors files in " + (quantized_dir if not q else reference_dir))
-    modules = linear_modules(ref)
+    modules = linear_modules(ref, quantize_lm_head)
     quantized = 0
     stored = reference_bytes = 0
     stray: list[str] = []
     for module in modules:
         ref_weight = ref[f"{module}.weight"]
         reference_bytes += ref_weight["bytes"]
-        parts = {k[len(module) + 1:]: v for k, v in q.items()
-                 if k.startswith(module + ".") and "." not in k[len(module) + 1:] and not k.endswith(".bias")}
+        parts = _parts(q, module)
         stored += sum(v["bytes"] for v in parts.values())
-        data = next((parts[n] for n in _QDATA if n in parts), None)
-        if data is None and parts.get("weight", {}).get("dtype") in _INT8:
-            data = parts["weight"]
-        stored_bits = data["bytes"] * 8 / _numel(ref_weight["shape"]) if data else None
+        stored_bits = _stored_bits(q, ref, module)
         if stored_bits is not None and abs(stored_bits - bits) < 0.5:
             quantized += 1
         elif len(stray) < 8:
@@ -100,7 +113,15 @@ def readback(quantized_dir: str, reference_dir: str, bits: int) -> tuple[dict[st
         "reference_weight_bytes": reference_bytes,
         "weight_bytes_ratio": stored / reference_bytes if reference_bytes else None,
     }
-    env = {"weight_bytes_measure": "checkpoint safetensors headers: the linear modules' tensors (bias excluded) "
+    every = linear_modules(ref, quantize_lm_head=True)  # the output layer too: quantized only when asked
+    lm_head = next((m for m in every if m.rsplit(".", 1)[-1] == "lm_head"), None)
+    targets = set(modules)
+    # A target counts as quantized only at the scheme's bits; any other linear layer when quantized at all.
+    found = ((m, b is not None and (m not in targets or abs(b - bits) < 0.5))
+             for m in every for b in [_stored_bits(q, ref, m)])
+    env = {layer_evidence.KEY: layer_evidence.evidence(found, modules, lm_head=lm_head,
+                                                       quantize_lm_head=quantize_lm_head),
+           "weight_bytes_measure": "checkpoint safetensors headers: the linear modules' tensors (bias excluded) "
                                    "against the reference checkpoint's weights",
            "not_quantized_layers": stray or None}
     return metrics, env

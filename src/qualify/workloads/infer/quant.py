@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from qualify.workloads.infer import layer_evidence
 from qualify.workloads.infer.params import SCHEME_WEIGHTS
 
 INT4_GROUP_SIZES = (128, 64, 32)
@@ -159,7 +160,7 @@ def linear_weight_bytes(layers: list[tuple[str, torch.nn.Module]]) -> int:
 
 
 def readback(model: torch.nn.Module, scheme: str, layers: list[tuple[str, torch.nn.Module]],
-             reference_bytes: int) -> tuple[dict[str, Any], dict[str, Any]]:
+             reference_bytes: int, quantize_lm_head: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metrics, environment facts) of what quantization really did to `layers` (the targets).
 
     quantized_weights counts the weights that are torchao tensors of the scheme's bits and
@@ -173,8 +174,7 @@ def readback(model: torch.nn.Module, scheme: str, layers: list[tuple[str, torch.
     for name, mod in layers:
         facts = weight_facts(mod.weight)
         types[f"{facts['type']}/{facts['bits']:g}bit" if facts["bits"] is not None else facts["type"]] += 1
-        ok = (expected is not None and facts["quantized"] and facts["bits"] is not None
-              and abs(facts["bits"] - expected[0]) < 0.5 and facts["act_quant"] == expected[1])
+        ok = _matches(facts, expected)
         quantized += int(ok)
         if expected is not None and not ok and len(stray) < 8:
             stray.append(name)
@@ -193,7 +193,14 @@ def readback(model: torch.nn.Module, scheme: str, layers: list[tuple[str, torch.
         "expert_weight_bytes": sum(c.numel() * c.element_size() for _, w in experts for c in _components(w)),
         "model_weight_bytes": weight_bytes(model),
     }
+    output_name = next((name for name, mod in _linear_layers(model) if mod is output), None)
+    targets = {n for n, _ in layers}
+    # A target counts as quantized only as the scheme says; any other linear layer when quantized at all.
+    every = [(name, _matches(facts, expected) if name in targets else bool(facts["quantized"]))
+             for name, mod in _linear_layers(model) for facts in [weight_facts(mod.weight)]]
     env = {
+        layer_evidence.KEY: layer_evidence.evidence(every, [n for n, _ in layers], lm_head=output_name,
+                                                    quantize_lm_head=quantize_lm_head),
         "weight_types": dict(sorted(types.items())),
         "weight_bytes_measure": "targeted nn.Linear weights as stored (quantized data + scales + zero points); "
                                 "reference: the same weights before quantization",
@@ -204,6 +211,12 @@ def readback(model: torch.nn.Module, scheme: str, layers: list[tuple[str, torch.
                         f"unquantized; not in linear_weights or weight_bytes"),
     }
     return metrics, env
+
+
+def _matches(facts: dict[str, Any], expected: tuple[float, bool] | None) -> bool:
+    """A weight quantized as the scheme says: its bits and its activation handling."""
+    return bool(expected is not None and facts["quantized"] and facts["bits"] is not None
+                and abs(facts["bits"] - expected[0]) < 0.5 and facts["act_quant"] == expected[1])
 
 
 def _components(t: torch.Tensor) -> list[torch.Tensor]:

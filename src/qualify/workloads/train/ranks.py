@@ -22,6 +22,7 @@ import subprocess
 import sys
 from typing import Any, Mapping
 
+from qualify.workloads import rank_figures
 from qualify.workloads.procs import kill_group, pdeathsig_preexec
 from qualify.workloads.settings import LAUNCHED_MARK, WorkloadSettings
 
@@ -224,4 +225,6 @@ def merge_rank_results(docs: Mapping[int, dict[str, Any]], *, expected: list[int
                 break
     if problem:
         out.update(status="error", error_class=problem[0], error=problem[1])
+    elif len(docs) > 1:  # memory the worst rank's, throughput the world's, evidence every rank's
+        out = rank_figures.combine(docs, out)
     return out

@@ -376,7 +376,8 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     if p.inject.get("corrupt_weights"):
         n = infer_quant.corrupt_weights(model, p.seed)
         log.warning("inject.corrupt_weights: scrambled the stored weights of %d linear layers", n)
-    qmetrics, qenv = infer_quant.readback(model, p.scheme, qlayers, reference_bytes)
+    qmetrics, qenv = infer_quant.readback(model, p.scheme, qlayers, reference_bytes,
+                                              quantize_lm_head=p.quantize_lm_head)
     metrics.update(qmetrics)
     metrics["requested_layers"] = qinfo["requested_layers"]
     # Kept names: quantized_layers is now the read-back count; weight_bytes_ref the reference bytes.
