@@ -15,7 +15,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+from pydantic import (AfterValidator, BaseModel, PrivateAttr, ConfigDict, Field, ValidationInfo, field_validator,
                       model_validator)
 
 from qualify import container_policy
@@ -438,6 +438,23 @@ class ExecutionSpec(Strict):
     # is only sampled by starting the workload again; the gate tests one figure per launch
     # (qualify.launches, gate.stats). case_timeout_s bounds each launch.
     launches: dict[CaseKind, int] = Field(default_factory=lambda: dict(DEFAULT_LAUNCHES))
+    # The kinds whose launches the manifest gave (a number gives every kind): a default may be raised to the
+    # gate's first look (ReleaseManifest._launches_cover_first_look), a given count never is.
+    _given_launches: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_given_launches(cls, data: Any, handler: Any) -> "ExecutionSpec":
+        spec = handler(data)
+        given = data.get("launches") if isinstance(data, dict) else None
+        if isinstance(given, int) and not isinstance(given, bool):
+            spec._given_launches = frozenset(DEFAULT_LAUNCHES)
+        elif isinstance(given, dict):
+            spec._given_launches = frozenset(str(k) for k in given)
+        return spec
+
+    def launches_given(self, kind: str) -> bool:
+        return kind in self._given_launches
 
     @field_validator("launches", mode="before")
     @classmethod
@@ -886,7 +903,8 @@ class ReleaseManifest(Strict):
         return self
 
     def _launches_cover_first_look(self) -> None:
-        """min_samples above a compared kind's planned launches is refused (never a silent fallback)."""
+        """min_samples above a compared kind's planned launches: a default launch count rises to min_samples,
+        a count the manifest gave is refused (never a silent fallback to a weaker rule)."""
         reg = self.gate.regression
         if not (reg.enabled and self.release.previous_tag):
             return
@@ -894,6 +912,11 @@ class ReleaseManifest(Strict):
             c.kind for c in self.custom_cases}
         for kind in sorted(kinds):
             planned = self.execution.launches_for(kind)
+            if reg.metrics_for(kind) and planned < reg.min_samples and not self.execution.launches_given(kind):
+                # A default (the manifest named no count for this kind) rises to the first look; a count the
+                # manifest gave is refused below, never raised behind its back.
+                self.execution.launches[kind] = reg.min_samples  # type: ignore[index]
+                planned = reg.min_samples
             if reg.metrics_for(kind) and planned < reg.min_samples:
                 raise ValueError(f"gate.regression.min_samples: {reg.min_samples} is above execution.launches for "
                                  f"{kind} ({planned}): the first decision needs {reg.min_samples} launches; raise "
