@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from support.gate import (
     GOOD_COMPONENTS,
     TODAY,
+    agreement_parts,
     as_result,
     cases_of,
     good_doc,
@@ -237,12 +238,19 @@ def test_completeness_failures_cannot_be_waived(rel, good):
 # --------------------------------------------------------------------------- agreement
 
 
+def _with_agreement(results, case_id, value, **kwargs):
+    metrics, samples, env = agreement_parts(value, **kwargs)
+    r = results[case_id]
+    return replace(results, case_id, metrics={**r.metrics, **metrics}, samples={**r.samples, **samples},
+                   environment={**r.environment, **env})
+
+
 def test_agreement_per_scheme(rel, good):
-    low = replace(good, "infer/tq/w8a8", metrics={**good["infer/tq/w8a8"].metrics, "token_agreement": 0.85})
+    low = _with_agreement(good, "infer/tq/w8a8", 0.85)
     verdict = judge(rel, low)
     assert verdict.verdict == "FAIL"
     [reason] = only(verdict, "agreement", "infer/tq/w8a8")
-    assert "0.8500 < 0.9" in reason.message
+    assert "token agreement 0.8500, upper bound 0.8557" in reason.message and "< 0.9 for w8a8" in reason.message
     # the unquantized scheme has no minimum in this policy
     assert not only(verdict, "agreement", "infer/tq/none")
 
