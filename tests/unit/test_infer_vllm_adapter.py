@@ -590,3 +590,32 @@ def test_llmcompressor_checkpoints_are_cached_by_preset_scheme_and_recipe(tmp_pa
     assert path == str(final) and meta["llmcompressor"] == "0.14.0.1"
     with pytest.raises(ValueError, match="no llmcompressor recipe"):
         compress.ensure_checkpoint(str(preset), "gptq-w8a16", 0, tmp_path, logging.getLogger("test"))
+
+
+def test_agreement_per_sequence_in_the_first_launch_only(fake_vllm, tmp_path):
+    """The first launch evaluates the agreement (reference loaded, per-sequence counts and flags reported);
+    a later launch of the same case only times the engine (runner.first_launch)."""
+    import dataclasses
+
+    from qualify.workloads.infer import metrics as infer_metrics
+    from qualify.workloads.infer.runner import first_launch
+
+    model = _dir(tmp_path, "awq", MOE_AWQ)
+    ref = _dir(tmp_path, "ref", {"vocab_size": 100, "num_experts": 8})
+    p = parse_params({"engine": "vllm", "model": model, "reference_model": ref, "scheme": "awq-w4a16",
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8,
+                      "eval_tokens": 8, "eval_sequences": 5, "repeats": 1, "max_new_tokens": 4})
+    doc = _run(p)
+    assert len(FakeLLM.instances) == 2  # the reference, then the checkpoint
+    s, env = doc["samples"], doc["environment"]
+    assert s[infer_metrics.AGREE_SERIES] == [8.0] * 5 and s[infer_metrics.POSITIONS_SERIES] == [8.0] * 5
+    assert infer_metrics.unpack_flags(env[infer_metrics.FLAGS_KEY], [8] * 5) == [[True] * 8] * 5
+    assert doc["metrics"]["eval_positions"] == 40 and env["agreement_evaluated"] is True
+    assert len(env[infer_metrics.DATA_KEY]) == 64
+    FakeLLM.instances = []
+    assert not first_launch({"launch": {"index": 1, "of": 3}})
+    assert first_launch({"launch": {"index": 0, "of": 3}}) and first_launch({})
+    later = _run(dataclasses.replace(p, evaluate_agreement=False))
+    assert len(FakeLLM.instances) == 1  # no reference loaded
+    assert "token_agreement" not in later["metrics"] and infer_metrics.AGREE_SERIES not in later["samples"]
+    assert later["environment"]["agreement_evaluated"] is False and later["status"] == "passed"
