@@ -583,3 +583,21 @@ def test_vllm_is_imported_lazily():
             "assert 'vllm' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("minimum,status", [(0.9, "PASS"), (None, "INCOMPLETE"), (0.97, "FAIL")])
+def test_gate_judges_the_real_int4_agreement_by_sequence(cases, minimum, status):
+    """The real w4a16 result through the gate's agreement check: a minimum well below its interval PASSes, one
+    inside it (its own agreement: borderline) is INCOMPLETE, one above it FAILs."""
+    from qualify.cases import Case
+    from qualify.gate.checks import ResultData, check_agreement
+    from qualify.manifest import GatePolicy, Resources
+
+    doc = cases.get("w4a16")
+    value = doc["metrics"]["token_agreement"]
+    policy = GatePolicy(agreement={"w4a16": value if minimum is None else minimum})
+    case = Case.build("infer/tq/w4a16", "infer", "tq", "w4a16", {**BASE, **CASES["w4a16"]}, {}, Resources(), 600)
+    result = ResultData.from_doc({**doc, "case_id": case.case_id}, model="tq", variant="w4a16")
+    [reason] = check_agreement(policy, [case], {case.case_id: result})
+    assert reason.status == status, reason.message
+    assert reason.figures["sequences"] == 157 and reason.figures["positions"] == 157 * 64

@@ -354,7 +354,9 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     eval_batch = int(p.engine_args.get("eval_batch_size", EVAL_BATCH))
     eval_seqs = tokens.eval_sequences(p.eval_windows, p.eval_tokens + 1) if p.evaluate_agreement else None
 
-    # ---- reference logits (same token ids as the quantized model will see); the first launch only
+    # ---- reference logits (same token ids as the quantized model will see); the first launch only.
+    # They are held in float32 on the CPU until the quantized pass: sequences x eval_tokens x vocabulary x 4
+    # bytes (10 MB for a tiny preset; a 150k vocabulary at 10,000 positions would need 6 GB).
     ref_logits = None
     if eval_seqs is not None:
         t0 = time.monotonic()
