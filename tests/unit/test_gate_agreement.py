@@ -307,3 +307,16 @@ def test_paired_with_the_previous_release(rel):
     # other evaluation data: not the same positions, no paired line
     other = _set(good, "infer/tq/w8a8", 0.96, data="e" * 64)
     assert not [r for r in _agreement(_judge(rel, other, baseline)) if "previous release" in r.message]
+
+
+def test_paired_needs_like_for_like_but_not_the_same_launch_count(rel):
+    import dataclasses
+
+    good, baseline = good_results(rel), good_results(rel, seed=100)
+    drop = _set(good, "infer/tq/w8a8", 0.96)
+    r = drop["infer/tq/w8a8"]
+    more_launches = {**drop, "infer/tq/w8a8": dataclasses.replace(r, fingerprint={**r.fingerprint, "launches": 9})}
+    assert [x.status for x in _agreement(_judge(rel, more_launches, baseline)) if "previous release" in x.message] \
+        == ["FAIL"]
+    other_device = {**drop, "infer/tq/w8a8": dataclasses.replace(r, fingerprint={**r.fingerprint, "device": "gpu"})}
+    assert not [x for x in _agreement(_judge(rel, other_device, baseline)) if "previous release" in x.message]

@@ -376,7 +376,10 @@ def _agreement_minimum(minimum: float, case: Case, result: ResultData) -> Reason
 def _agreement_vs_baseline(policy: GatePolicy, case: Case, result: ResultData,
                            base: ResultData | None) -> Reason | None:
     """The paired comparison with the previous release's result, or None when it holds no such positions."""
-    if base is None or base.status != "passed" or fingerprint_differences(result.fingerprint, base.fingerprint):
+    if base is None or base.status != "passed":
+        return None
+    # Like for like, except the launch count: the agreement comes from one launch on either side.
+    if [d for d in fingerprint_differences(result.fingerprint, base.fingerprint) if not d.startswith("launches:")]:
         return None
     cand, prev = _agreement_flags(result), _agreement_flags(base)
     if cand is None or prev is None or cand[1] != prev[1]:
