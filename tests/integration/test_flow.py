@@ -82,10 +82,12 @@ def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-
 
 def test_driver_killed_then_resumed_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
+    release = tmp_path / "release-slow"  # the slow cases hold until it exists: still running at the kill
     manifest = sleep_manifest(tmp_path / "m.yaml", [
         {"name": "quick", "kind": "sleep", "params": {"duration_s": 0.2}, "count": 2},
-        {"name": "slow", "kind": "sleep", "params": {"duration_s": 25}, "count": 2},
-    ])
+        {"name": "slow", "kind": "sleep", "params": {"duration_s": 0.2, "hold_until_file": str(release)},
+         "count": 2},
+    ], timeout_s=600)
     proc = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", db],
                             env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -106,6 +108,7 @@ def test_driver_killed_then_resumed_loses_and_duplicates_nothing(tmp_path: Path)
     run_id = db_rows(db, "SELECT id, status FROM runs")[0]["id"]
     assert db_rows(db, "SELECT status FROM runs")[0]["status"] == "running"
 
+    release.touch()
     resumed = run_qualify(["run", str(manifest), "--db", db, "--resume", str(run_id), "--json"], tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     outcome = json.loads(resumed.stdout)
@@ -121,7 +124,10 @@ def test_driver_killed_then_resumed_loses_and_duplicates_nothing(tmp_path: Path)
 
 def test_second_run_of_the_same_digest_is_refused(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
-    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "slow", "kind": "sleep", "params": {"duration_s": 40}}])
+    release = tmp_path / "release"  # the first run's case holds until the test is done with the second
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "slow", "kind": "sleep",
+                                                     "params": {"duration_s": 0.1, "hold_until_file": str(release)}}],
+                              timeout_s=600)
     first = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", db],
                              env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)
@@ -137,6 +143,7 @@ def test_second_run_of_the_same_digest_is_refused(tmp_path: Path) -> None:
         # The refused run wrote no result: nothing interleaved.
         assert db_rows(db, "SELECT run_id FROM case_results WHERE run_id != 1") == []
     finally:
+        release.touch()
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
 
@@ -153,19 +160,31 @@ def test_bad_manifest_exits_2_and_writes_nothing(tmp_path: Path) -> None:
 
 def test_wait_queues_behind_the_running_run_of_the_same_digest(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
-    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "slow", "kind": "sleep", "params": {"duration_s": 15}}])
+    release = tmp_path / "release"  # the first run's case holds until the second is seen waiting
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "slow", "kind": "sleep",
+                                                     "params": {"duration_s": 0.1, "hold_until_file": str(release)}}],
+                              timeout_s=600)
     first = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", db],
                              env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
+    second = None
     try:
         _wait_for(lambda: _candidate_attached(db), 240, "the first run to bind its candidate")
         (tmp_path / "second").mkdir()
-        second = run_qualify(["run", str(manifest), "--db", db, "--wait", "--json"], tmp_path / "second")
-        assert second.returncode == 0, second.stdout + second.stderr
+        second = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", db, "--wait",
+                                   "--json"], env=cli_env(tmp_path / "second"), cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        # The second run exists and waits for the digest (it has no candidate of its own yet).
+        _wait_for(lambda: len(db_rows(db, "SELECT id FROM runs")) == 2, 240, "the second run to open")
+        release.touch()
+        out, err = second.communicate(timeout=600)
+        assert second.returncode == 0, out + err
         assert first.wait(timeout=300) == 0
     finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+        release.touch()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
     runs = db_rows(db, "SELECT id, status, started_at, finished_at FROM runs ORDER BY id")
     assert [r["status"] for r in runs] == ["passed", "passed"]
     # The second run's case ran only after the first run had finished: nothing interleaved.
@@ -175,7 +194,10 @@ def test_wait_queues_behind_the_running_run_of_the_same_digest(tmp_path: Path) -
 
 def test_a_killed_driver_no_longer_blocks_its_digest(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
-    slow = sleep_manifest(tmp_path / "slow.yaml", [{"name": "slow", "kind": "sleep", "params": {"duration_s": 60}}])
+    never = tmp_path / "never-created"  # the case holds until the driver is killed
+    slow = sleep_manifest(tmp_path / "slow.yaml", [{"name": "slow", "kind": "sleep",
+                                                    "params": {"duration_s": 0.1, "hold_until_file": str(never)}}],
+                          timeout_s=600)
     proc = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(slow), "--db", db],
                             env=cli_env(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -197,7 +219,10 @@ def test_a_killed_driver_no_longer_blocks_its_digest(tmp_path: Path) -> None:
 
 def test_simultaneous_runs_of_one_digest_bind_once_and_leave_nothing_running(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
-    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep", "params": {"duration_s": 20}}])
+    release = tmp_path / "release"  # the run that binds holds its case until the other two have been refused
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep",
+                                                     "params": {"duration_s": 0.1, "hold_until_file": str(release)}}],
+                              timeout_s=600)
     run_qualify(["db", "upgrade", "--db", db], tmp_path)
     procs = []
     for k in range(3):
@@ -205,6 +230,10 @@ def test_simultaneous_runs_of_one_digest_bind_once_and_leave_nothing_running(tmp
         procs.append(subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", db],
                                       env=cli_env(tmp_path / f"d{k}"), cwd=REPO, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, start_new_session=True))
+    try:
+        _wait_for(lambda: sum(p.poll() is not None for p in procs) >= 2, 600, "two of the three runs to end")
+    finally:
+        release.touch()
     outs = [p.communicate(timeout=600) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 2, 2], [(p.returncode, o[1][-500:]) for p, o in zip(procs, outs)]

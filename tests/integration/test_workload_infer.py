@@ -589,7 +589,7 @@ def test_vllm_is_imported_lazily():
 def test_gate_judges_the_real_int4_agreement_by_sequence(cases, minimum, status):
     """The real w4a16 result through the gate's agreement check: a minimum well below its interval PASSes, one
     inside it (its own agreement: borderline) is INCOMPLETE, one above it FAILs."""
-    from qualify.cases import Case
+    from qualify.manifest.cases import Case
     from qualify.gate.checks import ResultData, check_agreement
     from qualify.manifest import GatePolicy, Resources
 

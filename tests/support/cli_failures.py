@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from qualify.cli import app
 from qualify.errors import ExitCode
 from support.gate import manifest_text, seed_run
+from support.paths import REPO
 
 BAD, FAIL, INFRA = ExitCode.BAD_INPUT, ExitCode.FAIL, ExitCode.INFRA
 
@@ -40,7 +41,7 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     with sessions() as s:
         unjudged = seed_run(s, manifest_text(), digest="sha256:" + "2" * 64).id
         s.commit()
-    return {"db": db, "bad": str(bad), "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
+    return {"db": db, "bad": str(bad), "manifest": str(REPO / "releases" / "cpu-smoke.yaml"), "unmigrated": f"sqlite:///{tmp_path / 'unmigrated.db'}",
             "down": f"postgresql://postgres@127.0.0.1:{closed_port()}/none", "unjudged": str(unjudged),
             "port": str(closed_port())}
 
@@ -75,6 +76,9 @@ FAILURES = [  # OFFLINE + NETWORK
     (["compare", "run:424242", "1.1"], BAD, "no run 424242"),
     (["history", "train/nope/base"], BAD, "no result for case"),
     (["history", "train/tiny/base", "--metric", "furlongs"], BAD, "unknown metric"),
+    (["plan", "{manifest}", "--nodes", "1", "--gpus-per-node", "0", "--cpus-per-node", "0.5"], BAD,
+     "cannot be placed"),
+    (["plan", "{manifest}", "--nodes", "0", "--cpus-per-node", "8"], BAD, "--nodes"),
     (["serve", "--host", "0.0.0.0"], BAD, "not loopback"),
     (["serve", "--enforce", "maybe"], BAD, "off, revert, delete"),
     (["serve", "--db", "{down}"], INFRA, "cannot connect"),

@@ -13,6 +13,7 @@ from qualify.cli.common import QualifyGroup
 from qualify.cli.compare import compare, history
 from qualify.cli.db import db_app
 from qualify.cli.gate import gate_app
+from qualify.cli.plan import plan
 from qualify.cli.promote import promote
 from qualify.cli.report import report
 from qualify.cli.run import run
@@ -28,6 +29,7 @@ app.command("promote")(promote)
 app.command("report")(report)
 app.command("compare")(compare)
 app.command("history")(history)
+app.command("plan")(plan)
 app.command("serve")(serve)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")

@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from qualify import launches
+from qualify import result_document
 from qualify import metrics as metric_info
-from qualify.cases import Case
-from qualify.fingerprint import differences as fingerprint_differences
 from qualify.gate import agreement as agreement_stats
+from qualify.manifest.cases import Case
+from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import stats
 from qualify.manifest import Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
@@ -49,7 +49,7 @@ class ResultData:
     probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     model: str | None = None
     variant: str | None = None
-    fingerprint: Mapping[str, Any] | None = None  # qualify.fingerprint: what it may be compared with
+    fingerprint: Mapping[str, Any] | None = None  # qualify.manifest.fingerprint: what it may be compared with
     attempts: int = 1
     environment: Mapping[str, Any] = field(default_factory=dict)
 
@@ -291,7 +291,7 @@ def _agreement_counts(result: ResultData) -> tuple[list[float], list[float]] | N
     positions = result.samples.get(infer_metrics.POSITIONS_SERIES)
     if not agree or not positions or len(agree) != len(positions):
         return None
-    index = result.samples.get(launches.LAUNCH_INDEX + infer_metrics.AGREE_SERIES)
+    index = result.samples.get(result_document.LAUNCH_INDEX + infer_metrics.AGREE_SERIES)
     if index and len(index) == len(agree):  # merged launches: one launch's sequences only
         agree = [a for a, i in zip(agree, index) if i == index[0]]
         positions = [n for n, i in zip(positions, index) if i == index[0]]
@@ -455,7 +455,7 @@ def _series(result: ResultData, metric: str) -> list[float]:
     """The samples behind a metric that the gate tests: one figure per independent launch
     (qualify.launches), else the single reported figure. Repeats inside one process are never the
     sample count: they share the process's start-up, clocks and placement."""
-    per_launch = launches.per_launch_series(result.samples, metric)
+    per_launch = result_document.per_launch_series(result.samples, metric)
     if per_launch:
         return [v for v in per_launch if _num(v) is not None]
     value = _num(result.metrics.get(metric))
@@ -520,7 +520,7 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
 def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
                             results: Mapping[str, ResultData]) -> list[Reason]:
     """gate.regression.baseline: paired -- each case's launches against the previous release's launches measured
-    beside them (qualify.launches.run_paired), pair by pair (stats.compare_pairs). A case without its
+    beside them (execution.launches.run_paired), pair by pair (stats.compare_pairs). A case without its
     baseline side (the previous image could not be had, or its launch failed) is INCOMPLETE with the reason."""
     reg = policy.regression
     reasons: list[Reason] = []
@@ -530,8 +530,8 @@ def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
             continue  # a missing or failed case is the completeness check's
         paired = result.environment.get("paired") if isinstance(result.environment, Mapping) else None
         for metric in reg.metrics_for(case.kind):
-            cand = launches.per_launch_series(result.samples, metric)
-            base = launches.paired_baseline_series(result.samples, metric)
+            cand = result_document.per_launch_series(result.samples, metric)
+            base = result_document.paired_baseline_series(result.samples, metric)
             if not cand or not base:
                 why = (paired or {}).get("reason") if isinstance(paired, Mapping) else None
                 why = why or ("the case was not measured in pairs" if not paired else f"no paired {metric}")

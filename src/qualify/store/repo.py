@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -11,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from qualify.errors import BadInput
-from qualify.manifest_load import LoadedManifest, load_manifest_text
+from qualify.manifest.load import LoadedManifest, load_manifest_text
 from qualify.outcomes import Verdict
 from qualify.store.models import (
     CaseResult,
@@ -191,6 +192,22 @@ def results_for_release_case(session: Session, repository: str, tag: str, case_i
             .where(Release.repository == repository, Release.tag == tag, CaseResult.case_id == case_id)
             .order_by(CaseResult.run_id.desc()))
     return session.scalars(stmt).all()
+
+
+def recent_exec_seconds(session: Session, repository: str, case_ids: Sequence[str], per_case: int = 5
+                        ) -> dict[str, float]:
+    """The median execution seconds of each case's newest passed results in this repository's runs (the
+    planner's durations); a case without any is absent."""
+    stmt = (select(CaseResult.case_id, CaseResult.exec_s).join(Run, Run.id == CaseResult.run_id)
+            .join(Release, Release.id == Run.release_id)
+            .where(Release.repository == repository, CaseResult.case_id.in_(list(case_ids)),
+                   CaseResult.status == "passed", CaseResult.exec_s.is_not(None))
+            .order_by(CaseResult.id.desc()))
+    seen: dict[str, list[float]] = {}
+    for case_id, exec_s in session.execute(stmt):
+        if len(seen.setdefault(case_id, [])) < per_case:
+            seen[case_id].append(float(exec_s))
+    return {case_id: statistics.median(values) for case_id, values in seen.items() if values}
 
 
 def baseline_run(session: Session, repository: str, previous_tag: str | None) -> Run | None:

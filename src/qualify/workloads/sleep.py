@@ -4,7 +4,10 @@ params: duration_s (sleep this long), exit_code (exit with it and no document),
 hang (sleep far past any timeout), fail (report status failed), kill_self_after_s
 (die by SIGKILL, as the kernel's OOM killer does), signal (die by this signal, e.g. SEGV),
 kill_worker_once_marker (kill the process that launched the workload -- the executor's worker --
-only while this file is absent: a lost worker, the infrastructure fault a retry outlives).
+only while this file is absent: a lost worker, the infrastructure fault a retry outlives),
+hold_until_file (wait until this file exists before the sleep: a test holds a case running for as long
+as it needs, and releases it by creating the file, instead of betting that a sleep outlasts a slow machine;
+the case timeout still bounds the wait).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
         os._exit(int(params["exit_code"]))
     if params.get("hang"):
         time.sleep(10**6)
+    if params.get("hold_until_file"):
+        while not os.path.exists(str(params["hold_until_file"])):
+            time.sleep(0.05)
     start = time.monotonic()
     time.sleep(duration)
     wall = time.monotonic() - start

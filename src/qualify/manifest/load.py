@@ -19,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from qualify import metrics
 from qualify.errors import BadInput
 from qualify.imageref import InvalidReference, parse_reference
-from qualify.manifest import (
+from qualify.manifest.model import (
     DEEPSEEK_R1_MAX_MODEL_LEN,
     ENGINE_SCHEMES,
     WAIVER_MAX_MODEL_LEN,
@@ -357,9 +357,8 @@ def _pydantic_problems(file: str, exc: ValidationError) -> tuple[list[Problem], 
         if err["type"] == "extra_forbidden":
             key = loc[-1] if loc else "?"
             allowed = _allowed_keys(loc[:-1])
-            hint = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6) \
-                if len(str(key)) <= 64 else []
-            msg = f"unknown key {quote(key)}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            hint = did_you_mean(str(key), allowed)
+            msg = f"unknown key {quote(key)}" + hint
             if allowed and not hint:
                 msg += f"; allowed: {', '.join(sorted(allowed))}"
         else:
@@ -453,10 +452,17 @@ def case_count_problem(release: ReleaseManifest, file: str) -> Problem | None:
                                   + f" ({detail})")
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the closest known name, else "". Long names get no hint: difflib is
+    quadratic in the length, and a hostile manifest's 10,000-character key must stay cheap."""
+    if len(name) > 64:
+        return ""
+    hint = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
 def _unknown_name(name: str, known: frozenset[str], what: str) -> str:
-    hint = difflib.get_close_matches(name, sorted(known), n=1)
-    return (f"unknown {what} {quote(name)}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-            + f"; known: {', '.join(sorted(known))}")
+    return f"unknown {what} {quote(name)}{did_you_mean(name, known)}; known: {', '.join(sorted(known))}"
 
 
 def model_name_problems(release: ReleaseManifest, file: str) -> list[Problem]:
@@ -547,17 +553,14 @@ def semantic_problems(release: ReleaseManifest, file: str, today: dt.date, check
         for attr in ("variant", "baseline"):
             name = getattr(gain, attr)
             if name not in variant_names:
-                hint = difflib.get_close_matches(name, sorted(variant_names), n=1)
                 add(f"gate.variant_gains[{k}].{attr}",
-                    f"no training variant named {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+                    f"no training variant named {name!r}{did_you_mean(name, variant_names)}")
         if not metrics.is_known(gain.metric):
             add(f"gate.variant_gains[{k}].metric", f"unknown metric {quote(gain.metric)}")
     for k, threshold in enumerate(release.gate.thresholds):
         if not metrics.is_known(threshold.metric):
-            hint = difflib.get_close_matches(threshold.metric, list(metrics.METRICS), n=1) \
-                if len(threshold.metric) <= 64 else []
             add(f"gate.thresholds[{k}].metric",
-                f"unknown metric {quote(threshold.metric)}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+                f"unknown metric {quote(threshold.metric)}{did_you_mean(threshold.metric, metrics.METRICS)}")
     for kind in release.gate.regression.metrics:
         for metric in release.gate.regression.metrics_for(kind):
             if not metrics.is_known(metric):

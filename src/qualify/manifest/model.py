@@ -15,7 +15,8 @@ import types
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
 
 from qualify import container_policy
 from qualify import metrics as metric_info
@@ -29,6 +30,50 @@ from qualify.workloads.infer.params import (  # noqa: F401 - ENGINE_SCHEMES, PRE
     SCHEMES,
 )
 from qualify.workloads.train.params import prefetch_bucket_problem
+
+__all__ = [
+    "NAME_RE",
+    "Name",
+    "Engine",
+    "Scheme",
+    "Probe",
+    "DEEPSEEK_R1_MAX_MODEL_LEN",
+    "WAIVER_MAX_MODEL_LEN",
+    "Strict",
+    "training_presets",
+    "inference_model_names",
+    "is_model_path",
+    "ReleaseInfo",
+    "HostPath",
+    "BuildSpec",
+    "ContainerOptIn",
+    "ContainerOptions",
+    "CaseKind",
+    "DEFAULT_LAUNCHES",
+    "MAX_LAUNCHES",
+    "ExecutionSpec",
+    "Component",
+    "Resources",
+    "TrainSettings",
+    "TrainModel",
+    "TrainVariant",
+    "TrainingMatrix",
+    "InferSettings",
+    "InferScheme",
+    "InferModel",
+    "InferenceMatrix",
+    "CustomCase",
+    "Threshold",
+    "RegressionPolicy",
+    "VariantGain",
+    "Waiver",
+    "GatePolicy",
+    "PromotionTarget",
+    "InsecureRegistryOptIn",
+    "PromotionSpec",
+    "ExpandedTarget",
+    "ReleaseManifest",
+]
 
 NAME_RE = r"^[a-z0-9][a-z0-9+._-]*$"
 Name = Annotated[str, Field(pattern=NAME_RE, max_length=64)]
@@ -182,6 +227,10 @@ def _reason(value: str) -> str:
     return value.strip()
 
 
+# Why a privilege or an exception was granted: a real sentence (container_policy.reason_problem), stripped.
+Reason = Annotated[str, AfterValidator(_reason)]
+
+
 def _literal_path(value: str | None) -> str | None:
     """Build paths are taken literally: no $VARIABLE or ~ expansion (a secret in a variable would
     land in errors, logs and the database)."""
@@ -195,7 +244,7 @@ class HostPath(Strict):
     """A host path outside the manifest's repository that the build may read, and why."""
 
     path: str = Field(description="absolute path of a directory or file, e.g. /opt/wheels")
-    reason: str
+    reason: Reason
 
     @field_validator("path")
     @classmethod
@@ -204,11 +253,6 @@ class HostPath(Strict):
         if not value.startswith("/") or ".." in value.split("/") or value.rstrip("/") in ("", "/"):
             raise ValueError(f"{value!r} must be an absolute path other than '/', without '..'")
         return value
-
-    @field_validator("reason")
-    @classmethod
-    def _why(cls, value: str) -> str:
-        return _reason(value)
 
 
 class BuildSpec(Strict):
@@ -275,12 +319,7 @@ class ContainerOptIn(Strict):
     """An explicit, reasoned widening of the container's privileges (qualify.container_policy)."""
 
     what: Literal[container_policy.OPT_INS]  # type: ignore[valid-type]
-    reason: str
-
-    @field_validator("reason")
-    @classmethod
-    def _why(cls, value: str) -> str:
-        return _reason(value)
+    reason: Reason
 
 
 class ContainerOptions(Strict):
@@ -712,12 +751,7 @@ class InsecureRegistryOptIn(Strict):
     """Plain HTTP to a registry that is not on loopback, and why."""
 
     registry: str = Field(description="host[:port] as listed in insecure_registries")
-    reason: str
-
-    @field_validator("reason")
-    @classmethod
-    def _why(cls, value: str) -> str:
-        return _reason(value)
+    reason: Reason
 
 
 class PromotionSpec(Strict):

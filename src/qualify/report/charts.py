@@ -38,14 +38,6 @@ def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _pct(value: float) -> str:
-    return f"{value * 100:+.1f}%"
-
-
 def _whiskers(values: Sequence[float | None], lows: Sequence[float | None],
               highs: Sequence[float | None]) -> list[list[float]] | None:
     """Asymmetric error bars from [low, high] spans (zero where unknown); None when there is none."""
@@ -87,16 +79,16 @@ def training_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
     fig, (ax_t, ax_m, ax_g) = plt.subplots(1, 3, figsize=(12.5, 3.6), gridspec_kw={"width_ratios": [1, 1, 1.2]})
     labels = [r["variant"] for r in rows]
     xs = list(range(len(rows)))
-    tps = [_num(r.get("tokens_per_s")) for r in rows]
-    highs = [_num(r.get("tps_high")) for r in rows]
+    tps = [finite(r.get("tokens_per_s")) for r in rows]
+    highs = [finite(r.get("tps_high")) for r in rows]
     ax_t.bar(xs, [v or 0.0 for v in tps], color=BAR,
-             yerr=_whiskers(tps, [_num(r.get("tps_low")) for r in rows], highs), capsize=3)
+             yerr=_whiskers(tps, [finite(r.get("tps_low")) for r in rows], highs), capsize=3)
     _label_bars(ax_t, xs, tps, "{:.0f}", highs)
     ax_t.set_title(f"{model}: tokens/s (median, min..max)", fontsize=9)
     ax_t.set_xticks(xs, labels, rotation=20, ha="right", fontsize=8)
     ax_t.margins(y=0.15)
 
-    mfu = [_num(r.get("mfu")) for r in rows]
+    mfu = [finite(r.get("mfu")) for r in rows]
     if any(v is not None for v in mfu):
         pct = [v * 100 if v is not None else None for v in mfu]
         ax_m.bar(xs, [v or 0.0 for v in pct], color=BAR2)
@@ -110,32 +102,32 @@ def training_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
         _no_data(ax_m, "MFU n/a for every variant\n(no known peak FLOP/s for this device)")
     ax_m.set_title(f"{model}: MFU", fontsize=9)
 
-    gains = [r for r in rows if _num(r.get("gain")) is not None or _num(r.get("min_gain")) is not None]
+    gains = [r for r in rows if finite(r.get("gain")) is not None or finite(r.get("min_gain")) is not None]
     if gains:
         gx = list(range(len(gains)))
-        values = [_num(r.get("gain")) for r in gains]
+        values = [finite(r.get("gain")) for r in gains]
         heights = [(v or 0.0) * 100 for v in values]
         colours = [STATUS_COLOURS.get(r.get("gain_status"), STATUS_COLOURS[None]) for r in gains]
         err = _whiskers([h if v is not None else None for h, v in zip(heights, values)],
-                        [(_num(r.get("gain_low")) or 0) * 100 if _num(r.get("gain_low")) is not None else None
+                        [(finite(r.get("gain_low")) or 0) * 100 if finite(r.get("gain_low")) is not None else None
                          for r in gains],
-                        [(_num(r.get("gain_high")) or 0) * 100 if _num(r.get("gain_high")) is not None else None
+                        [(finite(r.get("gain_high")) or 0) * 100 if finite(r.get("gain_high")) is not None else None
                          for r in gains])
         ax_g.bar(gx, heights, color=colours, yerr=err, capsize=3, width=0.6)
         ax_g.axhline(0, color="#24292f", linewidth=0.8)
         for x, r, v in zip(gx, gains, values):
             if v is not None:  # the label sits beyond the whisker's end, on the bar's side of zero
-                end = _num(r.get("gain_high" if v >= 0 else "gain_low"))
+                end = finite(r.get("gain_high" if v >= 0 else "gain_low"))
                 end = v if end is None else (max(v, end) if v >= 0 else min(v, end))
-                ax_g.annotate(_pct(v), (x, end * 100), textcoords="offset points", xytext=(0, 4 if v >= 0 else -12),
+                ax_g.annotate(signed_pct(v), (x, end * 100), textcoords="offset points", xytext=(0, 4 if v >= 0 else -12),
                               ha="center", fontsize=8, fontweight="bold")
             else:
                 ax_g.annotate("n/a", (x, 0), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=8)
-            required = _num(r.get("min_gain"))
+            required = finite(r.get("min_gain"))
             if required is not None:
                 ax_g.hlines(required * 100, x - 0.42, x + 0.42, colors="#8250df", linestyles="--", linewidth=1.6,
                             label="required gain" if x == 0 else None)
-                ax_g.annotate(f"req. {_pct(required)}", (x + 0.42, required * 100), textcoords="offset points",
+                ax_g.annotate(f"req. {signed_pct(required)}", (x + 0.42, required * 100), textcoords="offset points",
                               xytext=(2, -3), fontsize=6.5, color="#8250df")
         ax_g.set_xticks(gx, [f"{r['variant']}\nvs {r.get('gain_baseline') or 'base'}" for r in gains], fontsize=8)
         ax_g.set_ylabel("gain %", fontsize=8)
@@ -157,31 +149,31 @@ def inference_chart(model: str, rows: Sequence[dict[str, Any]]) -> bytes:
     fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, 3.5))
     labels = [r["scheme"] for r in rows]
     xs = list(range(len(rows)))
-    tps = [_num(r.get("tokens_per_s")) for r in rows]
-    highs = [_num(r.get("tps_high")) for r in rows]
+    tps = [finite(r.get("tokens_per_s")) for r in rows]
+    highs = [finite(r.get("tps_high")) for r in rows]
     ax_t.bar(xs, [v or 0.0 for v in tps], color=BAR,
-             yerr=_whiskers(tps, [_num(r.get("tps_low")) for r in rows], highs), capsize=3)
+             yerr=_whiskers(tps, [finite(r.get("tps_low")) for r in rows], highs), capsize=3)
     _label_bars(ax_t, xs, tps, "{:.0f}", highs)
     ax_t.set_xticks(xs, labels, fontsize=8)
     ax_t.set_title(f"{model}: output tokens/s per scheme", fontsize=9)
     ax_t.margins(y=0.15)
 
     width = 0.38
-    agree = [_num(r.get("token_agreement")) for r in rows]
-    topk = [_num(r.get("topk_overlap")) for r in rows]
+    agree = [finite(r.get("token_agreement")) for r in rows]
+    topk = [finite(r.get("topk_overlap")) for r in rows]
     ax_a.bar([x - width / 2 for x in xs], [v or 0.0 for v in agree], width, color=BAR, label="token agreement")
     ax_a.bar([x + width / 2 for x in xs], [v or 0.0 for v in topk], width, color=BAR2, label="top-k overlap")
     _label_bars(ax_a, [x - width / 2 for x in xs], agree, "{:.3f}")
     for k, (x, r) in enumerate(zip(xs, rows)):
-        required = _num(r.get("min_agreement"))
+        required = finite(r.get("min_agreement"))
         if required is not None:
             ax_a.hlines(required, x - 0.45, x + 0.45, colors="#8250df", linestyles="--", linewidth=1.6,
                         label="required agreement" if k == 0 or not any(
-                            _num(p.get("min_agreement")) is not None for p in rows[:k]) else None)
+                            finite(p.get("min_agreement")) is not None for p in rows[:k]) else None)
         if r.get("status") and r["status"] != "passed":
             ax_a.annotate(r["status"], (x, 0.02), ha="center", fontsize=7, color=STATUS_COLOURS["FAIL"])
     # Agreements sit near 1: start the axis below the lowest value or requirement so differences show.
-    shown = [v for v in agree + topk + [_num(r.get("min_agreement")) for r in rows] if v is not None]
+    shown = [v for v in agree + topk + [finite(r.get("min_agreement")) for r in rows] if v is not None]
     floor = max(0.0, (int(min(shown) * 20) / 20) - 0.05) if shown else 0.0
     ax_a.set_ylim(floor, 1.02)
     ax_a.set_xticks(xs, labels, fontsize=8)
@@ -218,7 +210,7 @@ def baseline_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
             lo, hi = min(lo, hi), max(lo, hi)
             ax.hlines(y, lo * 100, hi * 100, colors=colour, linewidth=2.2, alpha=0.6)
         ax.plot([change * 100], [y], "o", color=colour)
-        ax.annotate(f"{_pct(change)} {r['call']}", (change * 100, y), textcoords="offset points", xytext=(6, 4),
+        ax.annotate(f"{signed_pct(change)} {r['call']}", (change * 100, y), textcoords="offset points", xytext=(6, 4),
                     fontsize=7, color=colour)
     tolerance = max((r.get("tolerance") or 0.0) for r in shown)
     ax.axvline(0, color="#24292f", linewidth=0.8)
@@ -241,10 +233,10 @@ def history_chart(case_id: str, metric: str, points: Sequence[dict[str, Any]]) -
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(points) + 3), 3.6))
     xs = list(range(len(points)))
-    med = [_num(p.get("median")) for p in points]
+    med = [finite(p.get("median")) for p in points]
     ax.plot([x for x, v in zip(xs, med) if v is not None], [v for v in med if v is not None], "-",
             color="#8c959f", linewidth=1, zorder=1)
-    err = _whiskers(med, [_num(p.get("low")) for p in points], [_num(p.get("high")) for p in points])
+    err = _whiskers(med, [finite(p.get("low")) for p in points], [finite(p.get("high")) for p in points])
     ax.errorbar(xs, [v if v is not None else float("nan") for v in med], yerr=err, fmt="none", ecolor="#8c959f",
                 capsize=3, zorder=1)
     seen: set[str] = set()

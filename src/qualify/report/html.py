@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from qualify import charts
-from qualify.reporting import STATUS_ORDER, fmt_number, reasons_by_status
+from qualify.numbers import signed_pct
+from qualify.report import charts
+from qualify.report.views import STATUS_ORDER, fmt_number, reasons_by_status
 
 esc = html.escape
 
@@ -75,12 +76,6 @@ def _case_status(case: dict[str, Any]) -> str:
 
 def _n(value: Any) -> str:
     return esc(fmt_number(value))
-
-
-def _pct(value: Any, signed: bool = True) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return "n/a"
-    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
 
 
 def _bytes(value: Any) -> str:
@@ -213,14 +208,14 @@ def _training(d: dict[str, Any], decision: dict[str, Any] | None) -> str:
         g = gains.get(c["case_id"])
         fig = (g or {}).get("figures") or {}
         required = fig.get("min_gain", (policy_gains.get(c["variant"]) or {}).get("min_gain"))
-        gain = (f"{_pct(fig['gain'])} [{_pct(fig.get('gain_low'))} .. {_pct(fig.get('gain_high'))}]"
+        gain = (f"{signed_pct(fig['gain'])} [{signed_pct(fig.get('gain_low'))} .. {signed_pct(fig.get('gain_high'))}]"
                 if fig.get("gain") is not None else "n/a")
         ev = evidence.get(c["case_id"])
         rows.append([esc(c["case_id"]), _case_status(c),
                      _n(m.get("tokens_per_s")), esc(f"{fmt_number(lo)} .. {fmt_number(hi)}"),
-                     _n(m.get("tflops_per_device")), esc(_pct(m.get("mfu"), signed=False)),
+                     _n(m.get("tflops_per_device")), esc(signed_pct(m.get("mfu"), signed=False)),
                      _n(m.get("step_time_s_median")), esc(_bytes(m.get("peak_memory_bytes"))),
-                     esc(gain), esc(_pct(required) if required is not None else "n/a"),
+                     esc(gain), esc(signed_pct(required) if required is not None else "n/a"),
                      _status(g["status"]) if g else "n/a",
                      (_status(ev["status"]) + " " + esc(ev["message"].split(": ", 1)[-1])) if ev else "n/a"])
         classes.append("bad" if c["status"] != "passed" or (g and g["status"] == "FAIL") else "")

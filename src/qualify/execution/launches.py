@@ -2,7 +2,7 @@
 
 Run-to-run variance (process start, clocks, placement, allocator state) is only sampled by starting
 the workload again. A throughput case therefore runs as `launches` separate processes on the same node
-(one Ray task holds the node's resources for all of them, see ray_backend) and the gate tests one figure
+(one Ray task holds the node's resources for all of them, see execution/ray.py) and the gate tests one figure
 per launch (gate.stats, Welch on logs); the steps and repeats inside a launch give the spread, not the
 sample count.
 
@@ -21,24 +21,18 @@ Merged document (pure function, tested directly):
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
-PER_LAUNCH = "per_launch."
-LAUNCH_INDEX = "launch_index."
+from qualify.numbers import finite
+from qualify.result_document import LAUNCH_INDEX, PAIRED_BASELINE, PER_LAUNCH
+
 # Figures whose worst launch is the honest figure (a peak), not the median.
 _MAX_METRICS_SUFFIX = ("memory_bytes",)
 # Throughput series whose launch-to-launch and within-launch spread is reported.
 SPREAD_METRICS = ("tokens_per_s", "output_tokens_per_s", "wall_s")
 # Series whose spread inside a launch is reported (one timed step each).
 WITHIN_ONLY_SERIES = ("step_time_s",)
-
-
-def per_launch_series(samples: Mapping[str, Sequence[float]], metric: str) -> list[float] | None:
-    """The launch-level samples of a metric in a result's samples, or None when it has none."""
-    values = samples.get(PER_LAUNCH + metric)
-    return [float(v) for v in values] if values else None
 
 
 def launch_document(case_doc: Mapping[str, Any], index: int, count: int) -> dict[str, Any]:
@@ -51,12 +45,6 @@ def launch_document(case_doc: Mapping[str, Any], index: int, count: int) -> dict
 def launch_count(case_doc: Mapping[str, Any]) -> int:
     value = case_doc.get("launches", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(float(value)) else None
 
 
 def _cv(values: Sequence[float]) -> float | None:
@@ -88,7 +76,7 @@ def merge_launches(docs: Sequence[Mapping[str, Any]], durations_s: Sequence[floa
     samples: dict[str, list[float]] = {}
     names = [k for d in docs for k in (d.get("metrics") or {})]
     for name in dict.fromkeys(names):
-        values = [_number((d.get("metrics") or {}).get(name)) for d in docs]
+        values = [finite((d.get("metrics") or {}).get(name)) for d in docs]
         present = [v for v in values if v is not None]
         if not present:
             metrics[name] = docs[0].get("metrics", {}).get(name)
@@ -118,7 +106,7 @@ def merge_launches(docs: Sequence[Mapping[str, Any]], durations_s: Sequence[floa
     metrics["launches"] = len(docs)
     base["metrics"] = metrics
     base["samples"] = samples
-    base["duration_s"] = sum(_number(d.get("duration_s")) or 0.0 for d in docs)
+    base["duration_s"] = sum(finite(d.get("duration_s")) or 0.0 for d in docs)
     return base
 
 
@@ -141,14 +129,6 @@ def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]],
 
 
 # --------------------------------------------------------------------------- paired (gate.regression.baseline: paired)
-
-PAIRED_BASELINE = "paired_baseline."
-
-
-def paired_baseline_series(samples: Mapping[str, Sequence[float]], metric: str) -> list[float] | None:
-    """The baseline side's launch-level figures of a paired case (index i pairs with the candidate's launch i)."""
-    values = samples.get(PAIRED_BASELINE + PER_LAUNCH + metric)
-    return [float(v) for v in values] if values else None
 
 
 def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],

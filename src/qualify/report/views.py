@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from qualify.numbers import fmt_number
 from qualify.store import repo
 from qualify.store.models import CaseResult, Run
 
@@ -14,16 +15,6 @@ KEY_METRICS = {
     "infer": ("output_tokens_per_s", "token_agreement", "kl_div_mean", "perplexity_delta"),
     "sleep": ("wall_s",),
 }
-
-
-def fmt_number(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:.4g}"
-    return str(value)
 
 
 def key_metrics(result: CaseResult) -> str:
@@ -50,8 +41,8 @@ def run_summary(session: Session, run: Run) -> dict[str, Any]:
 
 def manifest_order(run: Run) -> dict[str, int]:
     """Case id -> position in the run's manifest, so reports list cases as the matrix does."""
-    from qualify.cases import expand
-    from qualify.manifest_load import ManifestError
+    from qualify.manifest.cases import expand
+    from qualify.manifest.load import ManifestError
 
     try:
         release = repo.run_manifest(run).release
@@ -181,7 +172,7 @@ STATUS_ORDER = ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "PASS")
 
 def policy_view(run: Run) -> dict[str, Any] | None:
     """The gate policy stored with the run (None when its manifest cannot be read back)."""
-    from qualify.manifest_load import ManifestError
+    from qualify.manifest.load import ManifestError
 
     try:
         manifest = repo.run_manifest(run).release
