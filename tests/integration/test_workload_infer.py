@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from qualify.workloads import protocol
+from qualify.workloads.infer import metrics as infer_metrics
 from qualify.workloads.infer.params import InferParams, parse_params
 from qualify.workloads.infer.runner import judge
 
@@ -28,7 +29,8 @@ pytestmark = [pytest.mark.workload]
 REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "src" / "qualify" / "workloads"
 
-# Small but meaningful: 8 x 64 teacher-forced positions, one timed repeat of 8 tokens.
+# Small but meaningful: the default evaluation (157 windows x 64 = 10,048 teacher-forced positions, at least
+# params.DEFAULT_EVAL_POSITIONS), one timed repeat of 8 tokens.
 BASE = {"model": "tiny-qwen3", "num_threads": 1, "repeats": 1, "max_new_tokens": 8}
 CASES = {
     "none": {"scheme": "none"},
@@ -41,8 +43,10 @@ CASES = {
 }
 
 
-def run_case(params: dict, case_id: str = "t", timeout: float = 600) -> dict:
+def run_case(params: dict, case_id: str = "t", timeout: float = 600, launch: dict | None = None) -> dict:
     case = protocol.make_case(f"infer/{case_id}", "infer", params)
+    if launch is not None:
+        case["launch"] = launch
     proc = subprocess.run([sys.executable, "-m", "qualify.workloads.infer"], input=json.dumps(case),
                           capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")})
@@ -121,8 +125,14 @@ def test_scheme_documents_are_well_formed(cases, scheme):
         # fp32 reference on CPU: int8 ~0.25 (+ per-channel scales), int4 ~0.125 (+ group scales/zeros)
         assert m["weight_bytes_ratio"] < (0.3 if scheme.startswith("w8") else 0.16)
         assert m["weight_bytes"] < 0.5 * m["weight_bytes_ref"]
-    # Non-overlapping evaluation windows: every evaluated position is distinct.
-    assert m["eval_positions"] == 8 * 64
+    # Non-overlapping evaluation windows: every evaluated position is distinct; at least 10,000 of them,
+    # reported per sequence (the gate's sampling unit) with every position's flag.
+    assert m["eval_positions"] == 157 * 64 and m["eval_sequences"] == 157
+    agree, positions = s[infer_metrics.AGREE_SERIES], s[infer_metrics.POSITIONS_SERIES]
+    assert positions == [64.0] * 157 and sum(agree) == round(m["token_agreement"] * 157 * 64)
+    flags = infer_metrics.unpack_flags(env[infer_metrics.FLAGS_KEY], [64] * 157)
+    assert [sum(f) for f in flags] == agree
+    assert len(json.dumps(doc)) < 40_000  # the per-position record stays small
 
 
 def test_reference_agrees_with_itself(cases):
@@ -144,6 +154,27 @@ def test_int4_agrees_less_than_int8(cases):
         assert int8["token_agreement"] > 0.95
     assert w4a16["token_agreement"] > 0.8  # degraded, not broken
     assert w4a16["weight_bytes"] < w8a16["weight_bytes"]
+    # At 10,000 positions the gate's sequence-level intervals tell int8 from int4 from a broken kernel.
+    iv = {n: _interval(cases.get(n)) for n in ("w8a16", "w8a8", "w4a16", "corrupt")}
+    assert min(iv["w8a16"].low, iv["w8a8"].low) > iv["w4a16"].high
+    assert iv["w4a16"].low > iv["corrupt"].high
+
+
+def _interval(doc: dict):
+    from qualify.gate.agreement import interval_for_agreement
+
+    s = doc["samples"]
+    return interval_for_agreement(s[infer_metrics.AGREE_SERIES], s[infer_metrics.POSITIONS_SERIES])
+
+
+def test_later_launches_do_not_evaluate_agreement(cases):
+    """Agreement is deterministic: only a case's first launch evaluates it; a later launch only times."""
+    first = cases.get("w8a8")
+    later = run_case({**BASE, **CASES["w8a8"], "probes": []}, "w8a8-later", launch={"index": 1, "of": 3})
+    assert later["status"] == "passed" and "token_agreement" not in later["metrics"]
+    assert infer_metrics.AGREE_SERIES not in later["samples"] and later["environment"]["agreement_evaluated"] is False
+    assert first["environment"]["agreement_evaluated"] is True
+    assert later["metrics"]["output_tokens_per_s"] > 0 and later["metrics"]["quantized_weights"] == 14
 
 
 def test_corrupted_quantized_weights_fail_on_agreement(cases):
@@ -154,6 +185,7 @@ def test_corrupted_quantized_weights_fail_on_agreement(cases):
     assert "low_agreement" in doc["error"]
     assert doc["metrics"]["token_agreement"] < 0.5
     assert doc["metrics"]["kl_div_mean"] > 1.0
+    assert len(doc["samples"][infer_metrics.AGREE_SERIES]) == 157  # a failed case still carries its counts
 
 
 def test_broken_kv_cache_reuse_is_garbled(cases):
@@ -551,3 +583,21 @@ def test_vllm_is_imported_lazily():
             "assert 'vllm' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("minimum,status", [(0.9, "PASS"), (None, "INCOMPLETE"), (0.97, "FAIL")])
+def test_gate_judges_the_real_int4_agreement_by_sequence(cases, minimum, status):
+    """The real w4a16 result through the gate's agreement check: a minimum well below its interval PASSes, one
+    inside it (its own agreement: borderline) is INCOMPLETE, one above it FAILs."""
+    from qualify.manifest.cases import Case
+    from qualify.gate.checks import ResultData, check_agreement
+    from qualify.manifest import GatePolicy, Resources
+
+    doc = cases.get("w4a16")
+    value = doc["metrics"]["token_agreement"]
+    policy = GatePolicy(agreement={"w4a16": value if minimum is None else minimum})
+    case = Case.build("infer/tq/w4a16", "infer", "tq", "w4a16", {**BASE, **CASES["w4a16"]}, {}, Resources(), 600)
+    result = ResultData.from_doc({**doc, "case_id": case.case_id}, model="tq", variant="w4a16")
+    [reason] = check_agreement(policy, [case], {case.case_id: result})
+    assert reason.status == status, reason.message
+    assert reason.figures["sequences"] == 157 and reason.figures["positions"] == 157 * 64

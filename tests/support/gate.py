@@ -86,6 +86,28 @@ def result_doc(case: Case, status: str = "passed", *, metrics: dict[str, Any] | 
                        samples=samples, probes=probes)
 
 
+def agreement_parts(value: float, *, sequences: int = 160, length: int = 64, seed: int = 0,
+                    flip: float = 0.0, data: str = "d" * 64
+                    ) -> tuple[dict[str, Any], dict[str, list[float]], dict[str, Any]]:
+    """(metrics, samples, environment) of an infer result whose token agreement is `value` over
+    sequences x length positions, as the workload reports them (per-sequence counts, packed flags).
+    The disagreeing positions are drawn by `seed`; `flip` re-draws that share of them (another release
+    that disagrees about as often on partly other positions)."""
+    from qualify.workloads.infer import metrics as infer_metrics
+
+    total = sequences * length
+    rng = np.random.default_rng(seed)
+    wrong = set(int(i) for i in rng.choice(total, size=round((1 - value) * total), replace=False))
+    if flip:
+        moved = sorted(wrong)[: round(flip * len(wrong))]
+        rest = [i for i in range(total) if i not in wrong]
+        wrong = (wrong - set(moved)) | set(int(i) for i in rng.choice(rest, size=len(moved), replace=False))
+    flags = [[(s * length + t) not in wrong for t in range(length)] for s in range(sequences)]
+    samples, env = infer_metrics.agreement_record(flags, data)
+    metrics = {"token_agreement": sum(map(sum, flags)) / total, "eval_positions": total, "eval_sequences": sequences}
+    return metrics, samples, env
+
+
 def good_doc(case: Case, *, scale: float = 1.0, seed: int = 0, n: int = 5, noise: float = 0.01,
              gain: dict[str, float] | None = None) -> dict[str, Any]:
     """A passing result: train ~1000 tokens/s (x1.3 for compile), infer ~200 tokens/s; the n figures are
@@ -103,11 +125,14 @@ def good_doc(case: Case, *, scale: float = 1.0, seed: int = 0, n: int = 5, noise
         return doc
     if case.kind == "infer":
         series = noisy(200 * scale, n, noise, seed + 1)
-        return result_doc(case, metrics={"output_tokens_per_s": float(np.median(series)), "token_agreement": 0.99,
-                                         "latency_s_p90": 0.5},
-                          samples={"output_tokens_per_s": series, "per_launch.output_tokens_per_s": series},
-                          probes={"prefix_cache": {"status": "passed", "detail": "identical"},
-                                  "degenerate": {"status": "passed", "detail": "ok"}})
+        quality, counts, record = agreement_parts(1.0 if case.variant == "none" else 0.99)
+        doc = result_doc(case, metrics={"output_tokens_per_s": float(np.median(series)), "latency_s_p90": 0.5,
+                                        **quality},
+                         samples={"output_tokens_per_s": series, "per_launch.output_tokens_per_s": series, **counts},
+                         probes={"prefix_cache": {"status": "passed", "detail": "identical"},
+                                 "degenerate": {"status": "passed", "detail": "ok"}})
+        doc["environment"].update(record)
+        return doc
     series = noisy(1.0 * scale, n, noise, seed)
     return result_doc(case, metrics={"wall_s": float(np.median(series))},
                       samples={"wall_s": series, "per_launch.wall_s": series})

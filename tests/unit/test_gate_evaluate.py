@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from support.gate import (
     GOOD_COMPONENTS,
     TODAY,
+    agreement_parts,
     as_result,
     calibrated,
     cases_of,
@@ -258,14 +259,22 @@ def test_completeness_failures_cannot_be_waived(rel, good):
 # --------------------------------------------------------------------------- agreement
 
 
+def _with_agreement(results, case_id, value, **kwargs):
+    metrics, samples, env = agreement_parts(value, **kwargs)
+    r = results[case_id]
+    return replace(results, case_id, metrics={**r.metrics, **metrics}, samples={**r.samples, **samples},
+                   environment={**r.environment, **env})
+
+
 def test_agreement_per_scheme(rel, good):
-    low = replace(good, "infer/tq/w8a8", metrics={**good["infer/tq/w8a8"].metrics, "token_agreement": 0.85})
+    low = _with_agreement(good, "infer/tq/w8a8", 0.85)
     verdict = judge(rel, low)
     assert verdict.verdict == "FAIL"
-    [reason] = only(verdict, "agreement", "infer/tq/w8a8")
-    assert "0.8500 < 0.9" in reason.message
-    # the unquantized scheme has no minimum in this policy
-    assert not only(verdict, "agreement", "infer/tq/none")
+    # against the scheme's minimum (a second line compares with the previous release's positions)
+    [reason] = [r for r in only(verdict, "agreement", "infer/tq/w8a8") if "upper bound" in r.message]
+    assert "token agreement 0.8500, upper bound 0.8557" in reason.message and "< 0.9 for w8a8" in reason.message
+    # the unquantized scheme has no minimum in this policy: only its comparison with the previous release
+    assert [r for r in only(verdict, "agreement", "infer/tq/none") if "previous" not in r.message] == []
 
 
 def test_workload_low_agreement_failure_is_an_agreement_fail_and_waivable(rel, good):

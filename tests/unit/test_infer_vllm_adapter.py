@@ -270,7 +270,7 @@ def test_run_moe_awq_with_reference_and_prefix_caching_off(fake_vllm, tmp_path):
     ref = _dir(tmp_path, "ref", {"vocab_size": 100, "num_experts": 8})
     p = parse_params({"engine": "vllm", "model": model, "reference_model": ref, "scheme": "awq-w4a16",
                       "engine_args": {"enable_prefix_caching": False, "max_model_len": 128},
-                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "repeats": 2, "max_new_tokens": 4})
+                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "eval_sequences": 2, "repeats": 2, "max_new_tokens": 4})
     doc = _run(p)
     ref_llm, q_llm = FakeLLM.instances
     assert "quantization" not in ref_llm.kwargs
@@ -292,7 +292,7 @@ def test_run_detects_garbled_prefix_cache_and_oom(fake_vllm, tmp_path):
     FakeLLM.garble = True
     FakeLLM.kv_limit = 200
     p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
-                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "repeats": 1, "max_new_tokens": 4})
+                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "eval_sequences": 2, "repeats": 1, "max_new_tokens": 4})
     doc = _run(p)
     assert doc["probes"]["prefix_cache"]["status"] == "failed"
     assert doc["probes"]["max_model_len"]["status"] == "failed"
@@ -308,7 +308,7 @@ def test_run_detects_garbled_prefix_cache_and_oom(fake_vllm, tmp_path):
 def test_a_probe_that_raises_is_an_error_probe_not_a_failed_case(fake_vllm, tmp_path, monkeypatch):
     model = _dir(tmp_path, "plain", PLAIN)
     p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
-                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "repeats": 1, "max_new_tokens": 4})
+                      "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "eval_sequences": 2, "repeats": 1, "max_new_tokens": 4})
 
     def broken(*args, **kwargs):
         raise RuntimeError("probe exploded")
@@ -330,7 +330,7 @@ def test_throughput_repeats_are_never_served_from_the_prefix_cache(fake_vllm, tm
     # the cache. Every measured pass starts from an empty cache and sends prompts of its own.
     model = _dir(tmp_path, "plain", PLAIN)
     p = parse_params({"engine": "vllm", "model": model, "scheme": "none", "engine_args": {"max_model_len": 256},
-                      "num_prompts": 3, "prompt_len": 8, "eval_tokens": 8, "repeats": 3, "max_new_tokens": 5,
+                      "num_prompts": 3, "prompt_len": 8, "eval_tokens": 8, "eval_sequences": 2, "repeats": 3, "max_new_tokens": 5,
                       "warmup": 2, "probes": []})
     doc = _run(p)
     calls = FakeLLM.instances[-1].calls
@@ -410,7 +410,7 @@ def test_vllm_case_whose_checkpoint_is_not_quantized_fails(fake_vllm, tmp_path):
     half = _safetensors(tmp_path / "half", _awq(False))
     (tmp_path / "half" / "config.json").write_text(json.dumps(DENSE_AWQ))
     p = parse_params({"engine": "vllm", "model": half, "reference_model": ref, "scheme": "awq-w4a16",
-                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8,
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "eval_sequences": 2,
                       "repeats": 1, "max_new_tokens": 4, "probes": []})
     doc = _run(p)
     assert doc["metrics"]["weight_bytes_ratio"] > 0.4 and doc["environment"]["quantization_verified"] is True
@@ -418,7 +418,7 @@ def test_vllm_case_whose_checkpoint_is_not_quantized_fails(fake_vllm, tmp_path):
     # Without files to read, the figures stay null and the environment says why.
     moe = _dir(tmp_path, "awq", MOE_AWQ)
     p = parse_params({"engine": "vllm", "model": moe, "reference_model": ref, "scheme": "awq-w4a16",
-                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8,
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8, "eval_tokens": 8, "eval_sequences": 2,
                       "repeats": 1, "max_new_tokens": 4, "probes": []})
     doc = _run(p)
     assert doc["environment"]["quantization_verified"] is False
@@ -590,3 +590,32 @@ def test_llmcompressor_checkpoints_are_cached_by_preset_scheme_and_recipe(tmp_pa
     assert path == str(final) and meta["llmcompressor"] == "0.14.0.1"
     with pytest.raises(ValueError, match="no llmcompressor recipe"):
         compress.ensure_checkpoint(str(preset), "gptq-w8a16", 0, tmp_path, logging.getLogger("test"))
+
+
+def test_agreement_per_sequence_in_the_first_launch_only(fake_vllm, tmp_path):
+    """The first launch evaluates the agreement (reference loaded, per-sequence counts and flags reported);
+    a later launch of the same case only times the engine (runner.first_launch)."""
+    import dataclasses
+
+    from qualify.workloads.infer import metrics as infer_metrics
+    from qualify.workloads.infer.runner import first_launch
+
+    model = _dir(tmp_path, "awq", MOE_AWQ)
+    ref = _dir(tmp_path, "ref", {"vocab_size": 100, "num_experts": 8})
+    p = parse_params({"engine": "vllm", "model": model, "reference_model": ref, "scheme": "awq-w4a16",
+                      "engine_args": {"max_model_len": 128}, "num_prompts": 2, "prompt_len": 8,
+                      "eval_tokens": 8, "eval_sequences": 5, "repeats": 1, "max_new_tokens": 4})
+    doc = _run(p)
+    assert len(FakeLLM.instances) == 2  # the reference, then the checkpoint
+    s, env = doc["samples"], doc["environment"]
+    assert s[infer_metrics.AGREE_SERIES] == [8.0] * 5 and s[infer_metrics.POSITIONS_SERIES] == [8.0] * 5
+    assert infer_metrics.unpack_flags(env[infer_metrics.FLAGS_KEY], [8] * 5) == [[True] * 8] * 5
+    assert doc["metrics"]["eval_positions"] == 40 and env["agreement_evaluated"] is True
+    assert len(env[infer_metrics.DATA_KEY]) == 64
+    FakeLLM.instances = []
+    assert not first_launch({"launch": {"index": 1, "of": 3}})
+    assert first_launch({"launch": {"index": 0, "of": 3}}) and first_launch({})
+    later = _run(dataclasses.replace(p, evaluate_agreement=False))
+    assert len(FakeLLM.instances) == 1  # no reference loaded
+    assert "token_agreement" not in later["metrics"] and infer_metrics.AGREE_SERIES not in later["samples"]
+    assert later["environment"]["agreement_evaluated"] is False and later["status"] == "passed"

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from qualify import result_document
 from qualify import metrics as metric_info
+from qualify.gate import agreement as agreement_stats
 from qualify.manifest.cases import Case
 from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import noninferiority as ni
@@ -23,6 +24,7 @@ from qualify.gate import stats
 from qualify.gate.calibration import lookup as calibration_lookup
 from qualify.manifest import WAIVABLE_CHECKS, WAIVABLE_FAMILIES, Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
+from qualify.workloads.infer import metrics as infer_metrics
 
 PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WAIVED,
                                                CheckStatus.NO_BASELINE, CheckStatus.INCOMPLETE)
@@ -286,29 +288,125 @@ def check_thresholds(policy: GatePolicy, cases: Sequence[Case], results: Mapping
     return reasons
 
 
-def check_agreement(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
-    """Greedy token agreement with the unquantized reference, at least the scheme's minimum."""
+def _agreement_counts(result: ResultData) -> tuple[list[float], list[float]] | None:
+    """The per-sequence agreement counts of a result (the workload's first launch reports them), or None."""
+    agree = result.samples.get(infer_metrics.AGREE_SERIES)
+    positions = result.samples.get(infer_metrics.POSITIONS_SERIES)
+    if not agree or not positions or len(agree) != len(positions):
+        return None
+    index = result.samples.get(result_document.LAUNCH_INDEX + infer_metrics.AGREE_SERIES)
+    if index and len(index) == len(agree):  # merged launches: one launch's sequences only
+        agree = [a for a, i in zip(agree, index) if i == index[0]]
+        positions = [n for n, i in zip(positions, index) if i == index[0]]
+    return [float(a) for a in agree], [float(n) for n in positions]
+
+
+def _agreement_flags(result: ResultData) -> tuple[list[list[bool]], str] | None:
+    counts = _agreement_counts(result)
+    text = result.environment.get(infer_metrics.FLAGS_KEY)
+    data = result.environment.get(infer_metrics.DATA_KEY)
+    if counts is None or not isinstance(text, str) or not isinstance(data, str):
+        return None
+    try:
+        return infer_metrics.unpack_flags(text, [int(n) for n in counts[1]]), data
+    except ValueError:
+        return None
+
+
+def check_agreement(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData],
+                    baseline: Mapping[str, ResultData] | None = None) -> list[Reason]:
+    """Greedy token agreement with the unquantized reference (gate/agreement.py for the statistics).
+
+    Against the scheme's minimum: PASS only when the sequence-level lower bound clears it, FAIL when the
+    upper bound is below it, else INCOMPLETE. Against the previous release, where its result holds the same
+    positions (same fingerprint and evaluation data): the change position by position (clustered McNemar),
+    PASS when a drop beyond gate.agreement_max_drop is excluded, FAIL when one is shown, else INCOMPLETE.
+    """
     reasons: list[Reason] = []
     for case, result in _judged(cases, results, "token_agreement"):
-        if case.kind != "infer" or case.variant not in policy.agreement:
+        if case.kind != "infer":
             continue
         if result.status == "failed" and result.error_class == "low_agreement":
             continue  # reported by check_completeness under this same check name
-        minimum = policy.agreement[case.variant]  # type: ignore[index]
-        figures: dict[str, Any] = {"metric": "token_agreement", "scheme": case.variant, "min": minimum}
-        problem = _metric_problem(result, "token_agreement")
-        if problem:
-            reasons.append(Reason("agreement", case.case_id, FAIL,
-                                  f"{problem}; scheme {case.variant} needs token agreement >= {minimum:g}",
-                                  {**figures, "value": None}))
-            continue
-        value = float(result.metrics["token_agreement"])
-        figures["value"] = value
-        ok = value >= minimum
-        reasons.append(Reason("agreement", case.case_id, PASS if ok else FAIL,
-                              f"token agreement {value:.4f} {'>=' if ok else '<'} {minimum:g} for {case.variant}",
-                              figures))
+        if case.variant in policy.agreement:
+            reasons.append(_agreement_minimum(policy.agreement[case.variant], case, result))  # type: ignore[index]
+        if baseline is not None and result.status == "passed":
+            paired = _agreement_vs_baseline(policy, case, result, baseline.get(case.case_id))
+            if paired is not None:
+                reasons.append(paired)
     return reasons
+
+
+def _agreement_minimum(minimum: float, case: Case, result: ResultData) -> Reason:
+    figures: dict[str, Any] = {"metric": "token_agreement", "scheme": case.variant, "min": minimum}
+    problem = _metric_problem(result, "token_agreement")
+    if problem:
+        return Reason("agreement", case.case_id, FAIL,
+                      f"{problem}; scheme {case.variant} needs token agreement >= {minimum:g}", {**figures, "value": None})
+    value = float(result.metrics["token_agreement"])
+    figures["value"] = value
+    counts = _agreement_counts(result)
+    interval = agreement_stats.interval_for_agreement(*counts) if counts else None
+    if interval is None:
+        return Reason("agreement", case.case_id, INCOMPLETE,
+                      f"token agreement {value:.4f} has no per-sequence counts (at least 2 sequences in samples "
+                      f"{infer_metrics.AGREE_SERIES}/{infer_metrics.POSITIONS_SERIES}), so it cannot be bounded "
+                      f"against the minimum {minimum:g} for {case.variant}", figures)
+    if abs(interval.value - value) > 1e-9:
+        return Reason("agreement", case.case_id, INCOMPLETE,
+                      f"token agreement {value:.4f} is not what its per-sequence counts give ({interval.value:.4f}): "
+                      "the result contradicts itself and cannot be judged", {**figures, "counted": interval.value})
+    figures.update(interval.figures())
+    call = agreement_stats.decide_against_minimum(interval, minimum)
+    over = (f"over {interval.positions:,} positions in {interval.sequences} sequences, design effect "
+            f"{interval.design_effect:.2f}")
+    if call is agreement_stats.Call.PASS:
+        return Reason("agreement", case.case_id, PASS,
+                      f"token agreement {value:.4f}, lower bound {interval.low:.4f} >= {minimum:g} for "
+                      f"{case.variant} ({1 - interval.alpha:.0%} one-sided, {over})", figures)
+    if call is agreement_stats.Call.FAIL:
+        return Reason("agreement", case.case_id, FAIL,
+                      f"token agreement {value:.4f}, upper bound {interval.high:.4f} < {minimum:g} for "
+                      f"{case.variant} ({1 - interval.alpha:.0%} one-sided, {over})", figures)
+    needed = agreement_stats.sequences_to_decide(interval, minimum)
+    figures["sequences_needed"] = needed
+    return Reason("agreement", case.case_id, INCOMPLETE,
+                  f"token agreement {value:.4f}: its {interval.confidence:.0%} interval {interval.low:.4f} .. "
+                  f"{interval.high:.4f} ({over}) spans the minimum {minimum:g} for {case.variant}: undecided"
+                  + (f"; about {needed} sequences would decide it (eval_sequences)" if needed else ""), figures)
+
+
+def _agreement_vs_baseline(policy: GatePolicy, case: Case, result: ResultData,
+                           base: ResultData | None) -> Reason | None:
+    """The paired comparison with the previous release's result, or None when it holds no such positions."""
+    if base is None or base.status != "passed":
+        return None
+    # Like for like, except the launch count: the agreement comes from one launch on either side.
+    if [d for d in fingerprint_differences(result.fingerprint, base.fingerprint) if not d.startswith("launches:")]:
+        return None
+    cand, prev = _agreement_flags(result), _agreement_flags(base)
+    if cand is None or prev is None or cand[1] != prev[1]:
+        return None  # no per-position flags on a side, or other evaluation data: not the same positions
+    try:
+        cmp = agreement_stats.compare_paired(cand[0], prev[0])
+    except ValueError:
+        return None
+    if cmp is None:
+        return None
+    max_drop = policy.agreement_max_drop
+    figures = {"metric": "token_agreement", "scheme": case.variant, "max_drop": max_drop, **cmp.figures()}
+    call = cmp.decide(max_drop)
+    what = (f"token agreement vs the previous release on the same {cmp.positions:,} positions: "
+            f"{cmp.baseline:.4f} -> {cmp.candidate:.4f} ({cmp.change * 100:+.2f} points, "
+            f"{1 - 2 * cmp.alpha:.0%} interval {cmp.low * 100:+.2f} .. {cmp.high * 100:+.2f}; "
+            f"{cmp.only_baseline} positions only the baseline gets right, {cmp.only_candidate} only the candidate"
+            + (f", clustered McNemar p = {cmp.p_drop:.3g} for a drop" if cmp.p_drop is not None else "") + ")")
+    if call is agreement_stats.Call.PASS:
+        return Reason("agreement", case.case_id, PASS, f"{what}: no drop beyond {max_drop * 100:g} points", figures)
+    if call is agreement_stats.Call.FAIL:
+        return Reason("agreement", case.case_id, FAIL, f"{what}: a drop beyond {max_drop * 100:g} points", figures)
+    return Reason("agreement", case.case_id, INCOMPLETE,
+                  f"{what}: undecided whether it dropped beyond {max_drop * 100:g} points", figures)
 
 
 # --------------------------------------------------------------------------- probes

@@ -92,7 +92,7 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_components(expected_components, components)
     reasons += check_completeness(cases, current)
     reasons += check_thresholds(policy, cases, current)
-    reasons += check_agreement(policy, cases, current)
+    reasons += check_agreement(policy, cases, current, base)
     reasons += check_probes(policy, cases, current)
     reasons += check_regression(policy, cases, current, base, baseline_label, previous_named=previous_named,
                                 calibrations=calibrations)

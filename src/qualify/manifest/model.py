@@ -624,6 +624,8 @@ class InferSettings(Strict):
     prompt_len: int | None = Field(default=None, gt=0)
     max_new_tokens: int | None = Field(default=None, gt=0)
     eval_tokens: int | None = Field(default=None, gt=0)
+    # Evaluation windows of eval_tokens positions (default: enough for 10,000 positions).
+    eval_sequences: int | None = Field(default=None, gt=0)
     repeats: int | None = Field(default=None, gt=0)
     num_threads: int | None = Field(default=None, gt=0)
     train_steps: int | None = Field(default=None, ge=0)
@@ -776,6 +778,9 @@ class GatePolicy(Strict):
     variant_gains: list[VariantGain] = Field(default_factory=list)
     agreement: dict[Scheme, float] = Field(default_factory=dict,
                                            description="minimum token agreement per scheme")
+    # The most the token agreement may drop from the previous release's on the same positions (absolute):
+    # the paired check shows a smaller drop to PASS (gate/agreement.py).
+    agreement_max_drop: float = Field(default=0.01, ge=0, lt=1)
     probes_required: bool = True
     waivers: list[Waiver] = Field(default_factory=list)
 

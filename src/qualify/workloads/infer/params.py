@@ -91,10 +91,14 @@ DEFAULT_TRAIN_STEPS = 120
 # a broken kernel), not small regressions, which are the gate policy's job (it compares
 # token_agreement/kl_div_mean with the previous release).
 DEFAULT_MIN_TOKEN_AGREEMENT = 0.5
+# Positions the agreement is evaluated on by default (eval_sequences windows of eval_tokens): at
+# ~10,000 positions in ~160 sequences the gate's sequence-level interval for an agreement near 0.99 is
+# about +-0.3 points, so int8, int4 and a broken kernel are told apart (benchmarks/agreement_coverage.py).
+DEFAULT_EVAL_POSITIONS = 10_000
 
 _KNOWN = {
     "engine", "model", "reference_model", "scheme", "engine_args", "num_prompts",
-    "prompt_len", "max_new_tokens", "eval_tokens", "seed", "num_threads", "repeats",
+    "prompt_len", "max_new_tokens", "eval_tokens", "eval_sequences", "seed", "num_threads", "repeats",
     "warmup", "probes", "min_token_agreement", "train_steps", "inject", "top_k",
     "group_size", "max_repeat_run", "prefix_tie_tol", "quantize_lm_head",
 }
@@ -111,6 +115,8 @@ class InferParams:
     prompt_len: int = 32
     max_new_tokens: int = 16
     eval_tokens: int = 64
+    # Evaluation windows (sequences) of eval_tokens positions; None: enough for DEFAULT_EVAL_POSITIONS.
+    eval_sequences: int | None = None
     seed: int = 0
     num_threads: int | None = None
     repeats: int = 3
@@ -126,10 +132,20 @@ class InferParams:
     # (embeddings are never quantized); true quantizes it with the other linear layers.
     quantize_lm_head: bool = False
     inject: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Not a parameter: the runner sets it from the case's launch (only the first launch of a case
+    # evaluates the agreement; it is deterministic, the later launches only time the engine).
+    evaluate_agreement: bool = True
 
     @property
     def prequantized(self) -> bool:
         return self.scheme in PREQUANTIZED_SCHEMES
+
+    @property
+    def eval_windows(self) -> int:
+        """Evaluation windows asked for (a real model's text may hold fewer: corpus.eval_window_starts)."""
+        if self.eval_sequences is not None:
+            return self.eval_sequences
+        return -(-DEFAULT_EVAL_POSITIONS // self.eval_tokens)
 
 
 def _int(params: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -213,6 +229,7 @@ def parse_params(params: Any) -> InferParams:
         prompt_len=_int(params, "prompt_len", 32, 1, 1 << 20),
         max_new_tokens=_int(params, "max_new_tokens", 16, 1, 1 << 16),
         eval_tokens=_int(params, "eval_tokens", 64, 1, 1 << 20),
+        eval_sequences=_int(params, "eval_sequences", None, 1, 1 << 16),
         seed=_int(params, "seed", 0, 0, 2**31 - 1),
         num_threads=_int(params, "num_threads", None, 1, 1024),
         repeats=_int(params, "repeats", 3, 1, 1000),

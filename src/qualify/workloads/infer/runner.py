@@ -13,7 +13,8 @@ Verdict of a case (judge()), on the case's own measurements only:
                                                  (default 0.5: a broken model, not a small
                                                  regression; the gate compares the figures
                                                  with the previous release)
-  When both apply, error_class is the first and error lists both.
+  When both apply, error_class is the first and error lists both. Only a case's first launch evaluates
+  the agreement (first_launch): the later launches time the engine.
 * status "error": bad_case (invalid params), load_failed, crash, oom, timeout (protocol).
 
 Probes (prefix_cache, max_model_len, degenerate) never change the status: each is reported in
@@ -25,6 +26,7 @@ Standard library and qualify.workloads only (an engine imports torch and the res
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -74,8 +76,16 @@ def judge(p: InferParams, metrics: dict[str, Any], probes: dict[str, dict[str, A
     return "failed", failures[0][0], "; ".join(f"{cls}: {msg}" for cls, msg in failures)
 
 
+def first_launch(case: dict[str, Any]) -> bool:
+    """Whether this run is the case's first launch (or the case has no launches): only it evaluates the
+    agreement, which is deterministic on the same weights and data, so the later launches only time."""
+    launch = case.get("launch")
+    index = launch.get("index", 0) if isinstance(launch, dict) else 0
+    return not isinstance(index, int) or index == 0
+
+
 def handler(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
-    p = parse_params(case.get("params") or {})
+    p = dataclasses.replace(parse_params(case.get("params") or {}), evaluate_agreement=first_launch(case))
     report = get_engine(p.engine).run(p, log)
     status, error_class, error = judge(p, report["metrics"], report["probes"])
     if error:

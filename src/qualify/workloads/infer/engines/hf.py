@@ -39,6 +39,9 @@ CPU_MAX_MODEL_LEN = 1024  # default cap of the max_model_len probe on CPU
 GPU_MAX_MODEL_LEN = 32768
 PREFIX_REQUESTS = 4
 PREFIX_SUFFIX_LEN = 8
+# Sequences per teacher-forced forward pass (engine_args.eval_batch_size): ~160 evaluation windows
+# in a few batched passes rather than one pass per handful.
+EVAL_BATCH = 32
 
 
 def check_engine_args(engine_args: dict[str, Any]) -> None:
@@ -53,7 +56,7 @@ def check_engine_args(engine_args: dict[str, Any]) -> None:
     mml = engine_args.get("max_model_len")
     if mml is not None and (isinstance(mml, bool) or not isinstance(mml, int) or mml < 2):
         raise BadCase(f"engine_args.max_model_len: expected an integer >= 2, got {mml!r}")
-    ebs = engine_args.get("eval_batch_size", 4)
+    ebs = engine_args.get("eval_batch_size", EVAL_BATCH)
     if isinstance(ebs, bool) or not isinstance(ebs, int) or ebs < 1:
         raise BadCase(f"engine_args.eval_batch_size: expected a positive integer, got {ebs!r}")
     if "device" in engine_args and not isinstance(engine_args["device"], str):
@@ -348,21 +351,26 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     tokenizer = infer_models.load_tokenizer(path)
     tokens = infer_models.token_source_for(source, path, vocab, p.seed, tokenizer)
     prompts = tokens.prompts(p.num_prompts, p.prompt_len)
-    eval_seqs = tokens.eval_sequences(p.num_prompts, p.eval_tokens + 1)
-    targets = eval_seqs[:, 1:]
-    eval_batch = int(p.engine_args.get("eval_batch_size", 4))
+    eval_batch = int(p.engine_args.get("eval_batch_size", EVAL_BATCH))
+    eval_seqs = tokens.eval_sequences(p.eval_windows, p.eval_tokens + 1) if p.evaluate_agreement else None
 
-    # ---- reference logits (same token ids as the quantized model will see)
-    ref_seed = p.inject.get("reference_seed")
-    if p.reference_model is not None or ref_seed is not None:
-        ref_model = _load_reference(p, source, path, steps, dtype, device, attn, log)
-        if int(ref_model.config.vocab_size) != vocab:
-            raise BadCase(f"reference_model: vocabulary {ref_model.config.vocab_size} differs from {vocab}")
-        ref_logits = teacher_forced_logits(ref_model, eval_seqs, device, eval_batch)
-        del ref_model
-        _free()
-    else:
-        ref_logits = teacher_forced_logits(model, eval_seqs, device, eval_batch)
+    # ---- reference logits (same token ids as the quantized model will see); the first launch only.
+    # They are held in float32 on the CPU until the quantized pass: sequences x eval_tokens x vocabulary x 4
+    # bytes (10 MB for a tiny preset; a 150k vocabulary at 10,000 positions would need 6 GB).
+    ref_logits = None
+    if eval_seqs is not None:
+        t0 = time.monotonic()
+        ref_seed = p.inject.get("reference_seed")
+        if p.reference_model is not None or ref_seed is not None:
+            ref_model = _load_reference(p, source, path, steps, dtype, device, attn, log)
+            if int(ref_model.config.vocab_size) != vocab:
+                raise BadCase(f"reference_model: vocabulary {ref_model.config.vocab_size} differs from {vocab}")
+            ref_logits = teacher_forced_logits(ref_model, eval_seqs, device, eval_batch)
+            del ref_model
+            _free()
+        else:
+            ref_logits = teacher_forced_logits(model, eval_seqs, device, eval_batch)
+        eval_s = time.monotonic() - t0
 
     # ---- quantize in place, then read back what really happened
     qlayers = infer_quant.target_layers(model, p.quantize_lm_head)
@@ -388,18 +396,29 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
              qmetrics["quantized_weights"], qmetrics["linear_weights"], qenv["weight_types"], reference_bytes,
              qmetrics["weight_bytes"], qmetrics["weight_bytes_ratio"] or float("nan"))
 
-    # ---- agreement with the reference
-    q_logits = teacher_forced_logits(model, eval_seqs, device, eval_batch)
-    quality = infer_metrics.compare_logits(ref_logits, q_logits, targets, k=p.top_k)
-    del ref_logits, q_logits
-    metrics.update(quality)
-    log.info("agreement %.4f top-%d overlap %.4f KL %s ppl %s (ref %s)", quality["token_agreement"], p.top_k,
-             quality["topk_overlap"], quality["kl_div_mean"], quality.get("perplexity"),
-             quality.get("perplexity_ref"))
+    # ---- agreement with the reference, per sequence (the gate's sampling unit)
+    samples: dict[str, list[float]] = {}
+    agreement_env: dict[str, Any] = {"agreement_evaluated": eval_seqs is not None}
+    if eval_seqs is not None:
+        t0 = time.monotonic()
+        q_logits = teacher_forced_logits(model, eval_seqs, device, eval_batch)
+        quality, flags = infer_metrics.compare_logits_by_sequence(ref_logits, q_logits, eval_seqs[:, 1:], k=p.top_k)
+        del ref_logits, q_logits
+        metrics.update(quality)
+        metrics["agreement_eval_s"] = eval_s + time.monotonic() - t0
+        samples, record_env = infer_metrics.agreement_record(flags, infer_metrics.data_digest(eval_seqs.tolist()))
+        agreement_env.update(record_env)
+        log.info("agreement %.4f over %d positions in %d sequences, top-%d overlap %.4f KL %s ppl %s (ref %s)",
+                 quality["token_agreement"], quality["eval_positions"], quality["eval_sequences"], p.top_k,
+                 quality["topk_overlap"], quality["kl_div_mean"], quality.get("perplexity"),
+                 quality.get("perplexity_ref"))
+    else:
+        log.info("agreement not evaluated in this launch (the case's first launch evaluates it)")
 
     # ---- serving figures (greedy, one request at a time)
-    serving, samples, outputs, nonfinite = _serve(model, prompts, p, device)
+    serving, serving_samples, outputs, nonfinite = _serve(model, prompts, p, device)
     metrics.update(serving)
+    samples.update(serving_samples)
 
     # ---- probes on the quantized model
     # A probe never changes the case's status; one that raises is reported as "error".
@@ -429,7 +448,8 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
 
     env = environment(device, dtype)
     env.update(tokens.facts())
-    env["eval_windows"] = int(eval_seqs.shape[0])
+    env["eval_windows"] = int(eval_seqs.shape[0]) if eval_seqs is not None else None
+    env.update(agreement_env)
     env.update({"scheme": p.scheme, "model": p.model, "model_path": path,
                 "train_steps": steps if source.kind == "preset" else None,
                 "int4_group_sizes": qinfo.get("group_sizes") or None,

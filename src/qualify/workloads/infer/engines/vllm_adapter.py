@@ -524,24 +524,30 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
     qenv.update(_quantization_readback(p_eff, source, path, metrics, log))
     tokenizer = infer_models.load_tokenizer(path) if has_tok and path and source.kind != "hub" else None
 
-    # ---- reference first (only its teacher-forced logprobs are needed), then release it
-    ref_positions: list[dict[int, float]] | None = None
+    # ---- reference first (only its teacher-forced logprobs are needed), then release it; the case's
+    # first launch only (runner.first_launch), per sequence (the gate's sampling unit)
+    ref_positions: list[list[dict[int, float]]] | None = None
     ref_actual: list[float] = []
     data = None
-    if reference_model is not None:
+    eval_seqs: list[list[int]] = []
+    evaluate = p.evaluate_agreement
+    t_eval = 0.0
+    if reference_model is not None and evaluate:
+        t0 = time.monotonic()
         ref_src = infer_models.resolve_model(reference_model, "vllm", param="reference_model")
         ref = load(ref_src.path, reference=True)
         if not vocab and has_tok:
             vocab = len(ref.get_tokenizer())
         data = infer_models.token_source_for(source, path, vocab, p.seed, tokenizer or (
             ref.get_tokenizer() if has_tok else None))
-        eval_seqs = data.eval_sequences(p.num_prompts, p.eval_tokens + 1).tolist()
+        eval_seqs = data.eval_sequences(p.eval_windows, p.eval_tokens + 1).tolist()
         ref_positions, ref_actual = [], []
         for ids, out in zip(eval_seqs, gen(ref, eval_seqs, max_tokens=1, prompt_logprobs=k_eval)):
             pos, act = teacher_forced_positions(parse_request_output(out), ids)
-            ref_positions += pos
+            ref_positions.append(pos)
             ref_actual += act
         _shutdown(ref)
+        t_eval += time.monotonic() - t0
 
     t0 = time.monotonic()
     llm = load(path, reference=False)
@@ -551,29 +557,39 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
     if data is None:
         data = infer_models.token_source_for(source, path, vocab, p.seed,
                                              tokenizer or (llm.get_tokenizer() if has_tok else None))
-    eval_seqs = data.eval_sequences(p.num_prompts, p.eval_tokens + 1).tolist()
-    q_positions: list[dict[int, float]] = []
-    q_actual: list[float] = []
-    for ids, out in zip(eval_seqs, gen(llm, eval_seqs, max_tokens=1, prompt_logprobs=k_eval)):
-        pos, act = teacher_forced_positions(parse_request_output(out), ids)
-        q_positions += pos
-        q_actual += act
-    if ref_positions is None and p.scheme == "none":
-        ref_positions, ref_actual = q_positions, q_actual  # the model is its own reference
     kl_reason = None
-    if ref_positions is not None:
-        metrics.update(infer_metrics.compare_topk(ref_positions, q_positions, p.top_k,
-                                                  full_vocab=vocab if full_logprobs else None))
-        metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual),
-                                                        infer_metrics.mean_nll(ref_actual)))
-        if metrics.get("kl_div_mean") is None:
-            kl_reason = (f"the engine returned top-{k_eval} logprobs, not full distributions (vocabulary "
-                         f"{vocab or 'unknown'} > {FULL_LOGPROBS_MAX_VOCAB})")
+    agreement_env: dict[str, Any] = {"agreement_evaluated": evaluate}
+    samples_q: dict[str, list[float]] = {}
+    if evaluate:
+        t0 = time.monotonic()
+        eval_seqs = data.eval_sequences(p.eval_windows, p.eval_tokens + 1).tolist()
+        q_positions: list[list[dict[int, float]]] = []
+        q_actual: list[float] = []
+        for ids, out in zip(eval_seqs, gen(llm, eval_seqs, max_tokens=1, prompt_logprobs=k_eval)):
+            pos, act = teacher_forced_positions(parse_request_output(out), ids)
+            q_positions.append(pos)
+            q_actual += act
+        if ref_positions is None and p.scheme == "none":
+            ref_positions, ref_actual = q_positions, q_actual  # the model is its own reference
+        if ref_positions is not None:
+            quality, flags = infer_metrics.compare_topk_by_sequence(ref_positions, q_positions, p.top_k,
+                                                                    full_vocab=vocab if full_logprobs else None)
+            metrics.update(quality)
+            metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual),
+                                                            infer_metrics.mean_nll(ref_actual)))
+            samples_q, record_env = infer_metrics.agreement_record(flags, infer_metrics.data_digest(eval_seqs))
+            agreement_env.update(record_env)
+            if metrics.get("kl_div_mean") is None:
+                kl_reason = (f"the engine returned top-{k_eval} logprobs, not full distributions (vocabulary "
+                             f"{vocab or 'unknown'} > {FULL_LOGPROBS_MAX_VOCAB})")
+        else:
+            log.warning("no reference_model: agreement not measured for a pre-quantized checkpoint")
+            metrics.update({"token_agreement": None, "topk_overlap": None, "kl_div_mean": None})
+            metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual), None))
+            kl_reason = "no reference model"
+        metrics["agreement_eval_s"] = t_eval + time.monotonic() - t0
     else:
-        log.warning("no reference_model: agreement not measured for a pre-quantized checkpoint")
-        metrics.update({"token_agreement": None, "topk_overlap": None, "kl_div_mean": None})
-        metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual), None))
-        kl_reason = "no reference model"
+        log.info("agreement not evaluated in this launch (the case's first launch evaluates it)")
 
     # ---- serving: batched throughput per repeat; per-request timings from the engine
     # Each repeat sends its own prompts, and the prefix cache is emptied before every repeat: a
@@ -626,6 +642,7 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
             records.append(parse_request_output(out, wall_start=t, wall_end=time.perf_counter(), wall_ttft=ttft))
     serving, samples = infer_metrics.serving_summary(records, rates)
     metrics.update(serving)
+    samples.update(samples_q)
 
     # ---- probes
     probes: dict[str, dict[str, Any]] = {}
@@ -657,12 +674,13 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
                                if isinstance(v, (str, int, float, bool)) or v is None},
                 "timing": records[0]["timing"] if records else None, "itl_source": itl_source,
                 "kv_cache_block_size": block, "logprobs": "full" if full_logprobs else f"top-{k_eval}",
-                "kl_div_null_reason": kl_reason, "eval_windows": len(eval_seqs),
+                "kl_div_null_reason": kl_reason, "eval_windows": len(eval_seqs) if evaluate else None,
                 "prefix_cache_resets": resets["asked"] if reset is not None else None,
                 "prefix_cache_resets_refused": resets["refused"] if reset is not None else None,
                 "prompts_per_repeat": "distinct prompts for every repeat and for the warm-up"})
     env.update(data.facts())
     env.update(qenv)
+    env.update(agreement_env)
     return {"metrics": metrics, "samples": samples, "probes": probes, "environment": env}
 
 
