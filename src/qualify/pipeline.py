@@ -271,7 +271,7 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
         time.sleep(5)
     ctx.build = build
     ctx.executor = make_executor(ctx, build)
-    if ctx.manifest.gate.regression.baseline == "paired" and ctx.manifest.gate.regression.enabled:
+    if ctx.manifest.gate.regression.baseline in ("paired", "duet") and ctx.manifest.gate.regression.enabled:
         ctx.paired = paired_baseline(ctx)
     return build
 
@@ -354,6 +354,17 @@ def baseline_document(case: Case) -> dict[str, Any]:
     doc = case.document()
     doc["params"] = {k: v for k, v in doc["params"].items() if k != "slowdown"}
     return doc
+
+
+def _duet_choice(ctx: RunContext, case: Case, infeasible: Callable[[Any], str | None]) -> Any:
+    """gate.regression.baseline: duet -- the case's duet policy, or why it is measured paired (qualify.duet)."""
+    reg = ctx.manifest.gate.regression
+    if reg.baseline != "duet":
+        return None
+    from qualify import duet
+
+    return duet.driver_choice(case.kind, ctx.manifest.execution.executor, case.resources, case.document(),
+                              reg.max_regression, reg.alpha, infeasible)
 
 
 def _paired_case(ctx: RunContext, case: Case) -> bool:
@@ -452,8 +463,14 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         while True:
             attempts += 1
             if _paired_case(ctx, case) and ctx.paired.executor is not None and case.resources.nodes == 1:  # type: ignore[union-attr]
+                duet_policy = _duet_choice(ctx, case, infeasible)
+                extra = {} if duet_policy is None or isinstance(duet_policy, str) else {"duet": duet_policy}
                 out = runner(ctx.executor, case.document(), case.resources, case.timeout_s,
-                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case))  # type: ignore[union-attr]
+                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case), **extra)  # type: ignore[union-attr]
+                if isinstance(duet_policy, str):
+                    from qualify.duet import fell_back
+
+                    fell_back(out.doc, ctx.paired.label, duet_policy)  # type: ignore[union-attr]
             else:
                 out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT

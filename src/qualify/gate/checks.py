@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from qualify import launches
+from qualify import duet, launches
 from qualify import metrics as metric_info
 from qualify.cases import Case
 from qualify.fingerprint import differences as fingerprint_differences
-from qualify.gate import stats
+from qualify.gate import duet_stats, stats
 from qualify.manifest import Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
 
@@ -379,6 +379,8 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
         return [Reason("regression", None, PASS, "regression check disabled by the policy")]
     if reg.baseline == "paired":
         return check_paired_regression(policy, cases, results)
+    if reg.baseline == "duet":
+        return check_duet_regression(policy, cases, results)
     named = (baseline is not None or bool(baseline_label)) if previous_named is None else previous_named
     unusable = NO_BASELINE if reg.baseline == "optional" else INCOMPLETE
     suffix = " (gate.regression.baseline: optional)" if reg.baseline == "optional" else ""
@@ -450,6 +452,57 @@ def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
                 continue
             reasons.append(Reason("regression", case.case_id, FAIL if cmp.regressed else PASS,
                                   f"{metric} {cmp.message}", figures))
+    return reasons
+
+
+def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
+                          results: Mapping[str, ResultData]) -> list[Reason]:
+    """gate.regression.baseline: duet -- each case's per-step log ratios against the previous release run at the
+    same time (qualify.duet), launch pairs as blocks, side bias removed (gate/duet_stats). PASS when the worst end
+    of the interval is within max_regression, FAIL when a regression beyond it is shown, else INCOMPLETE (the
+    run already sampled up to its budget). A case measured paired instead (no node for both sides, no duet hook)
+    is judged pair by pair, with the reason said."""
+    reg = policy.regression
+    reasons: list[Reason] = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is None or result.status != "passed":
+            continue  # a missing or failed case is the completeness check's
+        env = result.environment if isinstance(result.environment, Mapping) else {}
+        record = env.get("duet") if isinstance(env.get("duet"), Mapping) else {}
+        blocks = duet.blocks_from_samples(result.samples)
+        if not blocks:
+            fallback = record.get("reason") or "the case was not measured in duet"
+            for reason in check_paired_regression(policy, [case], {case.case_id: result}):
+                reasons.append(Reason(reason.check, reason.case_id, reason.status,
+                                      f"{reason.message} (duet: {fallback})", reason.figures))
+            continue
+        interval = duet_stats.duet_interval(blocks, alpha=reg.alpha)
+        call = duet_stats.decide(interval, reg.max_regression)
+        for metric in reg.metrics_for(case.kind):
+            figures: dict[str, Any] = {"metric": metric, "baseline": record.get("baseline"),
+                                       "pairs": len(blocks), "call": call.value,
+                                       **(interval.figures() if interval else {})}
+            if interval is None:
+                reasons.append(Reason("regression", case.case_id, INCOMPLETE,
+                                      f"{metric}: duet: {len(blocks)} launch pairs cannot give an interval (at least "
+                                      f"{duet_stats.MIN_PAIRS}, with the candidate on each side)", figures))
+                continue
+            side = (f"side bias {_pct(interval.side_bias or 0.0)} [{_pct(interval.side_bias_lower or 0.0)}, "
+                    f"{_pct(interval.side_bias_upper or 0.0)}] removed")
+            text = (f"{metric} duet: step time {_pct(interval.estimate)} [{_pct(interval.lower)}, "
+                    f"{_pct(interval.upper)}] ({interval.confidence:.0%}, {interval.n} launch pairs, "
+                    f"{interval.steps} synchronized steps; {side})")
+            if call == duet_stats.DuetCall.PASS:
+                reasons.append(Reason("regression", case.case_id, PASS,
+                                      f"{text}: within the {reg.max_regression:.0%} tolerance", figures))
+            elif call == duet_stats.DuetCall.FAIL:
+                reasons.append(Reason("regression", case.case_id, FAIL,
+                                      f"{text}: regression beyond {reg.max_regression:.0%}", figures))
+            else:
+                reasons.append(Reason("regression", case.case_id, INCOMPLETE,
+                                      f"{text}: undecided after {interval.n} launch pairs (the budget): neither "
+                                      f"within {reg.max_regression:.0%} nor a regression shown", figures))
     return reasons
 
 
