@@ -79,9 +79,9 @@ def qualify_run(path: Path, db: str, data_dir: Path) -> tuple[dict[str, Any], fl
 
 def history_flags(db: str, run_id: int) -> dict[str, bool]:
     """The history judgement of a paired run's candidate launches against the previous release's stored run."""
-    from qualify.cases import expand
+    from qualify.manifest.cases import expand
     from qualify.gate.checks import ResultData, check_regression
-    from qualify.gate.service import stored_release
+    from qualify.gate.judging import stored_release
     from qualify.store import repo
     from qualify.store.engine import open_database
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from qualify.errors import InfraError
-from qualify.launch import ProgressCallback, RunRequest
+from qualify.launcher import ProgressCallback, RunRequest
 from qualify.outcomes import RunOutcome
 from qualify.settings import Settings
 
@@ -31,7 +31,7 @@ def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallbac
     prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    from flows.qualify_release import qualify_release
+    from qualify_prefect.flows.qualify_release import qualify_release
 
     # Every case's Prefect task waits on its Ray task: a pool smaller than the matrix would queue
     # cases behind Prefect instead of Ray.

@@ -19,16 +19,18 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from qualify import pipeline
+from qualify.execution import attempts
+from qualify.progress import Progress
 from qualify.errors import BadInput, Rejected
 from qualify.outcomes import PromotionSummary, RunOutcome, RunStatus
-from qualify.ray_backend import start_ray
+from qualify.execution.ray import start_ray
 from qualify.settings import Settings
 from qualify.store.engine import open_database
-from tasks.candidate import obtain_candidate_task, open_run_task, verify_components_task
-from tasks.cases import run_case_task
-from tasks.gate import gate_task
-from tasks.promote import promote_task
-from tasks.report import progress_artifact_task, publish_report_task
+from qualify_prefect.tasks.candidate import obtain_candidate_task, open_run_task, verify_components_task
+from qualify_prefect.tasks.cases import run_case_task
+from qualify_prefect.tasks.gate import gate_task
+from qualify_prefect.tasks.promote import promote_task
+from qualify_prefect.tasks.report import progress_artifact_task, publish_report_task
 
 
 def _unwrap(value: Any) -> Any:
@@ -42,7 +44,7 @@ def _initial_name() -> str:
     """`<release>:<tag> run …` while the run opens (renamed with its id right after: _name_flow_run)."""
     manifest = str((flow_run.parameters or {}).get("manifest") or "")
     try:
-        from qualify.manifest_load import load_manifest
+        from qualify.manifest.load import load_manifest
 
         rel = load_manifest(manifest).release.release
         return f"{rel.name}:{rel.tag} run …"
@@ -66,7 +68,7 @@ def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> None:
 @flow(name="qualify-release", flow_run_name=_initial_name, log_prints=True)
 def qualify_release(manifest: str, ray_address: str | None = None, resume_run: int | None = None,
                     wait: bool = False, promote: bool | None = None, triggered_by: str | None = None,
-                    on_progress: Callable[[pipeline.Progress], None] | None = None) -> RunOutcome:
+                    on_progress: Callable[[Progress], None] | None = None) -> RunOutcome:
     """Qualify the release a manifest describes; returns the run's outcome (verdict, reasons, report)."""
     logger = get_run_logger()
     started = time.monotonic()
@@ -95,7 +97,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         logger.info("components: %d/%d as expected", sum(c["ok"] for c in checks), len(checks))
 
         with ctx.timed_stage("cases"):
-            pending = pipeline.pending_cases(ctx, log=logger.info)
+            pending = attempts.pending_cases(ctx, log=logger.info)
             ctx.progress.total = len(ctx.cases)
             ctx.progress.done = len(ctx.cases) - len(pending)
             if ctx.resumed:

@@ -9,12 +9,12 @@
 #                        [--bare-precision master|pure] [--no-bare] [--cpu-smoke]
 #
 # Runs qualify.workloads.train (DeepSpeed, bf16, ZeRO stage 0, one process) once per
-# variant, and a bare PyTorch loop (scripts/gpu_bare_loop.py: same model, micro-batch,
+# variant, and a bare PyTorch loop (qualify/workloads/gpucheck/bare_loop.py: same model, micro-batch,
 # sequence length and steps; AdamW with fp32 master weights as DeepSpeed keeps them; no
 # DeepSpeed, no qualify) in the same run, so harness/bare is a side-by-side ratio.
 # Reports tokens/s, model TFLOP/s per GPU and MFU (peak from the workload's table,
 # matched on the GPU name). Random weights: nothing is downloaded.
-# The driver is scripts/gpu_check.py (its docstring has the details).
+# The driver is src/qualify/workloads/gpucheck/harness.py (its docstring has the details).
 #
 # --layers auto (default) takes the largest of 32, 24, 16, 8 layers that trains: a
 # count whose training state alone exceeds the GPU's memory is skipped without a
@@ -172,4 +172,4 @@ else
 fi
 echo "gpu-check: $(echo "$STACK" | tail -1)"
 
-exec "$PY" "$REPO/scripts/gpu_check.py" --python "$PY" ${ARGS[@]+"${ARGS[@]}"}
+exec "$PY" -m qualify.workloads.gpucheck --python "$PY" ${ARGS[@]+"${ARGS[@]}"}

@@ -7,7 +7,8 @@ from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
-from qualify.cases import Case
+from qualify.execution import attempts
+from qualify.manifest.cases import Case
 from qualify.outcomes import CaseOutcome
 
 
@@ -17,7 +18,7 @@ from qualify.outcomes import CaseOutcome
 def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: str | None = None) -> CaseOutcome:
     logger = get_run_logger()
     logger.info("%s: submitted to Ray (%s)", case.case_id, case.resources.model_dump(exclude_defaults=True))
-    outcome = pipeline.run_case(ctx, case, log=logger.warning)
+    outcome = attempts.run_case(ctx, case, log=logger.warning)
     level = logger.info if outcome.passed else logger.error
     level("%s: %s%s after %s attempt(s), exec %.1f s, queue %s s on %s", case.case_id, outcome.status,
           f" ({outcome.error_class}: {outcome.error})" if outcome.error_class else "",

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
-from qualify.gate.service import Evaluation
+from qualify.gate.judging import Evaluation
 
 
 @task(name="gate", cache_policy=NO_CACHE)

@@ -8,8 +8,8 @@ from prefect.artifacts import (create_link_artifact, create_markdown_artifact, c
 from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
-from qualify.report_html import write_report
-from qualify.reporting import artifact_key, report_view, results_table, summary_markdown
+from qualify.report.html import write_report
+from qualify.report.views import artifact_key, report_view, results_table, summary_markdown
 
 
 def _key(ctx: pipeline.RunContext, what: str) -> str:

@@ -25,13 +25,13 @@ from sqlalchemy.orm import Session
 
 from qualify import metrics as metric_info
 from qualify.errors import BadInput
-from qualify.fingerprint import differences as fingerprint_differences
+from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import stats
 from qualify.gate.checks import ResultData
 from qualify.gate.checks import _series as gate_series  # the gate's own choice of samples for a metric
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.manifest import RegressionPolicy
-from qualify.manifest_load import ManifestError
+from qualify.manifest.load import ManifestError
 from qualify.store import repo
 from qualify.store.models import CaseResult, GateDecision, Release, Run
 
@@ -225,7 +225,7 @@ class RunComparison:
 
 def run_policy(run: Run) -> tuple[RegressionPolicy, list[str]]:
     """The run's own regression policy and its manifest order of case ids (defaults when unreadable)."""
-    from qualify.cases import expand
+    from qualify.manifest.cases import expand
 
     try:
         release = repo.run_manifest(run).release

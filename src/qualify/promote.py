@@ -30,7 +30,7 @@ from qualify.errors import BadInput, ExitCode, Rejected
 from qualify.outcomes import Verdict
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.manifest import ExpandedTarget, ReleaseManifest
-from qualify.manifest_load import ManifestError
+from qualify.manifest.load import ManifestError
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError, RegistryUnreachable
 from qualify.store import repo
 from qualify.store.models import GateDecision, Run

@@ -51,7 +51,7 @@ UNKNOWN_DRIVER = "unknown on this node"
 
 
 def driver_version(node: dict[str, Any] | None) -> tuple[str | None, str]:
-    """The node's accelerator driver as its host side read it (qualify.node_facts), never the candidate's
+    """The node's accelerator driver as its host side read it (qualify.execution.node_facts), never the candidate's
     claim: whatever the probe reports from inside the image is not looked at."""
     node = node or {}
     where = f"node {node.get('host') or '?'}: {node.get('driver_source') or 'no driver facts from the node'}"

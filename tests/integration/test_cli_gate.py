@@ -10,9 +10,9 @@ import pytest
 from support.cli import run_cli
 from support.gate import good_doc, manifest_text, seed_run
 
-from qualify.cases import expand
-from qualify.gate.service import evaluate_and_commit
-from qualify.manifest_load import load_manifest_text
+from qualify.manifest.cases import expand
+from qualify.gate.judging import evaluate_and_commit
+from qualify.manifest.load import load_manifest_text
 
 
 def invoke(*args: str):

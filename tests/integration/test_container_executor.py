@@ -15,7 +15,7 @@ from support.containers import base_image, ensure_no_python_image, require_tools
 
 from qualify.executors.container import ContainerExecutor, leftover_containers
 from qualify.manifest import Component
-from qualify.manifest_load import load_manifest
+from qualify.manifest.load import load_manifest
 from qualify.verify import compare_components, probe_case
 from qualify.workloads import protocol
 

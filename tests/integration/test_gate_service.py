@@ -8,9 +8,9 @@ import hashlib
 import pytest
 from support.gate import good_doc, manifest_text, seed_run
 
-from qualify.cases import expand
-from qualify.gate.service import GateError, evaluate_and_commit, evaluate_run
-from qualify.manifest_load import load_manifest_text, policy_sha256
+from qualify.manifest.cases import expand
+from qualify.gate.judging import GateError, evaluate_and_commit, evaluate_run
+from qualify.manifest.load import load_manifest_text, policy_sha256
 from qualify.store import repo
 
 

@@ -240,7 +240,7 @@ def test_cpu_smoke_installs_from_the_wheelhouse_with_no_index(wheelhouse, tmp_pa
 
 
 def test_budget_is_capped_at_eight_minutes():
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--cpu-smoke",
+    r = subprocess.run([sys.executable, "-m", "qualify.workloads.gpucheck", "--cpu-smoke",
                         "--budget-s", "600", "--out", "/nonexistent"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--budget-s must be in 30..480" in r.stderr
@@ -249,12 +249,9 @@ def test_budget_is_capped_at_eight_minutes():
 # --------------------------------------------------------------------------- the planner
 
 def _driver():
-    import importlib.util
+    from qualify.workloads.gpucheck import harness
 
-    spec = importlib.util.spec_from_file_location("gpu_check_driver", REPO / "scripts" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return harness
 
 
 # A GPU-like run of llama3-8b at seq 8192 on a 141 GB device (made-up but plausible costs):

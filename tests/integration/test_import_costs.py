@@ -28,7 +28,7 @@ def test_orchestrator_side_modules_import_only_the_standard_library() -> None:
 
 def test_validating_a_manifest_imports_no_torch() -> None:
     """The orchestrator validates model names from the workloads' standard-library catalog: no torch import."""
-    code = ("import sys; from qualify.manifest_load import load_manifest; "
+    code = ("import sys; from qualify.manifest.load import load_manifest; "
             f"load_manifest({str(REPO / 'releases' / 'cpu-smoke.yaml')!r}); "
             "load_manifest(" + repr(str(REPO / "releases" / "training-xpu-pytorch-25.05.yaml")) + "); "
             "print('torch' in sys.modules)")

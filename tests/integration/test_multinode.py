@@ -99,7 +99,7 @@ import json, sys
 import ray
 from qualify.executors import LocalExecutor
 from qualify.manifest import Resources
-from qualify.ray_backend import run_case_on_ray
+from qualify.execution.ray import run_case_on_ray
 from qualify.workloads import protocol
 address, params, timeout, mark = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 ray.init(address=address, log_to_driver=False)

@@ -8,7 +8,7 @@ import pytest
 from support.gate import good_doc, manifest_text, seed_run
 from support.registry import RegistryProcess, skopeo_digest
 
-from qualify.gate.service import evaluate_and_commit
+from qualify.gate.judging import evaluate_and_commit
 from qualify.promote import PromotionError, PromotionRefused, exit_code, promote_run
 from qualify.store import repo
 
@@ -91,8 +91,8 @@ def test_target_selection(sessions, registry, make_image):
 
 def test_fail_run_is_refused_and_recorded(sessions, registry, make_image):
     def broken(st):
-        from qualify.cases import expand
-        from qualify.manifest_load import load_manifest_text
+        from qualify.manifest.cases import expand
+        from qualify.manifest.load import load_manifest_text
 
         docs = {c.case_id: good_doc(c) for c in expand(load_manifest_text(st.text, check_expiry=False).release)}
         docs["train/tiny/base"] = {**docs["train/tiny/base"], "status": "error", "error_class": "crash",

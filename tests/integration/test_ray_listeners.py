@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 PROBE = r"""
 import os, subprocess, sys, time
-from qualify.ray_backend import start_ray
+from qualify.execution.ray import start_ray
 handle = start_ray(num_cpus=1)
 import ray
 @ray.remote

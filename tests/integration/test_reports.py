@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from support.reports import seed_release_line
 
-from qualify.report_html import render, write_report
-from qualify.reporting import report_view
+from qualify.report.html import render, write_report
+from qualify.report.views import report_view
 
 
 def invoke(*args: str):

@@ -20,9 +20,9 @@ from support.net import free_port
 from support.paths import REPO
 from support.registry import skopeo, skopeo_digest
 
-from qualify.cases import expand
-from qualify.gate.service import evaluate_and_commit
-from qualify.manifest_load import load_manifest_text
+from qualify.manifest.cases import expand
+from qualify.gate.judging import evaluate_and_commit
+from qualify.manifest.load import load_manifest_text
 from qualify.store.engine import open_database
 
 pytestmark = [pytest.mark.registry, pytest.mark.slow]

@@ -35,9 +35,9 @@ from support.containers import (
 )
 
 from qualify.build import BuildResult, build_candidate
-from qualify.cases import expand
+from qualify.manifest.cases import expand
 from qualify.executors.container import ContainerExecutor, leftover_containers
-from qualify.manifest_load import load_manifest
+from qualify.manifest.load import load_manifest
 from qualify.verify import compare_components, probe_case
 
 pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]

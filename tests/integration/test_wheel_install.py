@@ -3,13 +3,18 @@ the migrations ship as package data, and the launcher entry point resolves."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from support.flows import sleep_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,6 +36,11 @@ def test_plain_wheel_migrates_and_checks_from_outside_the_checkout(tmp_path: Pat
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
                               "--target", str(site), str(wheel)], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
+    # Nothing under a generic top-level name: the Prefect folders live in qualify_prefect.
+    top_level = {p.name for p in site.iterdir() if p.is_dir() and not p.name.endswith((".dist-info", ".egg-info"))}
+    assert top_level & {"flows", "tasks", "driver"} == set(), top_level
+    assert {"qualify", "qualify_prefect"} <= top_level, top_level
+    assert {p.name for p in (site / "qualify_prefect").iterdir()} >= {"flows", "tasks", "driver"}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "QUALIFY_DATABASE_URL")}
@@ -50,3 +60,16 @@ def test_plain_wheel_migrates_and_checks_from_outside_the_checkout(tmp_path: Pat
     assert checked.returncode == 1 and "NO DECISION" in checked.stdout, checked.stderr
     listed = qualify("runs", "list", "--db", db, "--json")
     assert listed.returncode == 0 and listed.stdout.strip() == "[]", listed.stderr
+    # A whole run through the installed launcher (entry point -> qualify_prefect.driver -> the flow), from
+    # outside the checkout, with the interpreter of that environment running the sleep case.
+    manifest = sleep_manifest(elsewhere / "m.yaml", [{"name": "nap", "kind": "sleep", "params": {"duration_s": 0.2}}],
+                              extra={"build": {"builder": "local", "python": python}})
+    ray_temp = tempfile.mkdtemp(prefix="qw-")  # Ray's socket paths must stay under 107 bytes
+    run_env = {**env, "QUALIFY_DATA_DIR": str(tmp_path / "data"), "QUALIFY_RAY_TEMP": ray_temp}
+    try:
+        ran = subprocess.run([python, "-m", "qualify", "run", str(manifest), "--db", db, "--json"],
+                             capture_output=True, text=True, env=run_env, cwd=elsewhere, timeout=600)
+    finally:
+        shutil.rmtree(ray_temp, ignore_errors=True)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert json.loads(ran.stdout)["verdict"] == "PASS", ran.stdout

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from qualify import fingerprint
-from qualify.cases import Case, expand
+from qualify.manifest import fingerprint
+from qualify.manifest.cases import Case, expand
 from qualify.gate.checks import ComponentData, ResultData
 from qualify.manifest import ReleaseManifest
-from qualify.manifest_load import load_manifest_text
+from qualify.manifest.load import load_manifest_text
 from qualify.workloads.protocol import make_result
 
 TODAY = dt.date(2025, 6, 1)
@@ -136,7 +136,7 @@ def seed_run(session, text: str, *, digest: str, repository: str | None = None, 
              components: list[dict[str, Any]] | None = None, finish: str | None = "passed"):
     """A run of the manifest `text` with its candidate image and results (docs by case id;
     default: good results for every case). Returns the Run (flushed, not committed)."""
-    from qualify.manifest_load import load_manifest_text as load
+    from qualify.manifest.load import load_manifest_text as load
     from qualify.store import repo
 
     loaded = load(text, check_expiry=False)

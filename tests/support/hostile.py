@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import qualify.manifest_load as manifest_load
+import qualify.manifest.load as manifest_load
 from support.paths import REPO
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"

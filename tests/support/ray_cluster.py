@@ -5,7 +5,7 @@ registered with one GCS. Why not `ray start` (as tests/integration/test_ray_clus
 Ray resolves a --node-ip-address of 127.0.0.1 to the machine's routable address and binds its
 servers to every interface (measured: 15 non-loopback listeners for a head and a node), and its
 single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which keeps everything on loopback,
-see ray_backend.bind_local_cluster_to_loopback) makes `ray start --address` refuse a second
+see execution.ray.bind_local_cluster_to_loopback) makes `ray start --address` refuse a second
 node. `ray.cluster_utils.Cluster` adds nodes without that refusal, so a helper process holds
 such a cluster in single-machine mode until its stdin closes. A client of it needs the same
 mode (CLIENT_ENV), as a client of any cluster needs that cluster's settings.
@@ -29,7 +29,7 @@ START_TIMEOUT_S = 240
 
 _HOLDER = r"""
 import json, sys
-from qualify.ray_backend import bind_local_cluster_to_loopback
+from qualify.execution.ray import bind_local_cluster_to_loopback
 bind_local_cluster_to_loopback()
 from ray.cluster_utils import Cluster
 spec = json.loads(sys.argv[1])

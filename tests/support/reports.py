@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from qualify.cases import expand
-from qualify.gate.service import evaluate_and_commit
-from qualify.manifest_load import load_manifest_text
+from qualify.manifest.cases import expand
+from qualify.gate.judging import evaluate_and_commit
+from qualify.manifest.load import load_manifest_text
 from qualify.store.models import CaseResult
 from support.gate import good_doc, manifest_text, seed_run
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qualify.cases import expand
-from qualify.manifest_load import load_manifest
+from qualify.manifest.cases import expand
+from qualify.manifest.load import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_multi_node_training_gets_devices_per_node_not_the_total(tmp_path) -> No
     # Issue 12: gpus is the case's total; `gpus: 16, nodes: 2` is 8 ranks per node (16 in all), not 32.
     import yaml
 
-    from qualify.cases import devices_per_node
+    from qualify.manifest.cases import devices_per_node
     from qualify.manifest import Resources
 
     data = yaml.safe_load((REPO / "releases" / "training-xpu-pytorch-25.05.yaml").read_text())

@@ -46,7 +46,7 @@ def test_every_command_has_its_failure_paths_walked() -> None:
 def test_error_classes_carry_their_exit_codes() -> None:
     assert (BadInput.exit_code, Rejected.exit_code, InfraError.exit_code) == (BAD, FAIL, INFRA)
     from qualify.build import BuildError, BuilderUnavailable, BuildInputError
-    from qualify.manifest_load import ManifestError
+    from qualify.manifest.load import ManifestError
     from qualify.promote import PromotionError, PromotionRefused
     from qualify.registry import ImageNotFound, RegistryUnreachable
     from qualify.store.engine import DatabaseError

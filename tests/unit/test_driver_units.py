@@ -1,5 +1,5 @@
 """Unit tests of the driver's pure pieces: Ray options and feasibility, executor outcome classification,
-the retry loop of pipeline.run_case (with a fake runner, no Ray), reporting views, component comparison.
+the retry loop of execution.attempts.run_case (with a fake runner, no Ray), reporting views, component comparison.
 No subprocess, no Ray, no Prefect, no network."""
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import pytest
 from support.flows import sleep_manifest
 
 from qualify import pipeline
+from qualify.execution import attempts
 from qualify.executors import LocalExecutor
 from qualify.executors.base import CommandResult, outcome_from_command
 from qualify.manifest import Component, Resources
 from qualify.outcomes import CaseStatus, ErrorClass
-from qualify.ray_backend import RayCaseResult, infeasible_reason, ray_options
-from qualify.reporting import artifact_key, results_table, summary_markdown
+from qualify.execution.ray import infeasible_reason, ray_options
+from qualify.execution.result import CaseRunResult
+from qualify.report.views import artifact_key, results_table, summary_markdown
 from qualify.store.engine import open_database
 from qualify.verify import compare_components
 from qualify.workloads import protocol
@@ -71,7 +73,7 @@ def test_outcome_classification() -> None:
     assert "last words" in crashed.doc["error"] and not crashed.retryable
 
 
-# --------------------------------------------------------------------------- pipeline.run_case retries
+# --------------------------------------------------------------------------- execution.attempts.run_case retries
 
 
 class FakeRunner:
@@ -81,13 +83,13 @@ class FakeRunner:
         self.script = list(error_classes)
         self.calls = 0
 
-    def __call__(self, executor: Any, case_doc: dict[str, Any], resources: Any, timeout_s: float) -> RayCaseResult:
+    def __call__(self, executor: Any, case_doc: dict[str, Any], resources: Any, timeout_s: float) -> CaseRunResult:
         self.calls += 1
         ec = self.script.pop(0) if self.script else None
         doc = (protocol.make_result(case_doc, "passed", metrics={"wall_s": 0.0}) if ec is None else
                protocol.make_result(case_doc, "failed" if ec == "low_agreement" else "error", error_class=ec,
                                     error=f"scripted {ec}"))
-        return RayCaseResult(doc=doc, exit_code=0, exec_s=0.1, queue_wait_s=0.0, node="fake", node_id="n",
+        return CaseRunResult(doc=doc, exit_code=0, exec_s=0.1, queue_wait_s=0.0, node="fake", node_id="n",
                              retryable=ec == "infra")
 
 
@@ -101,7 +103,7 @@ def ctx(tmp_path: Path) -> pipeline.RunContext:
 
 
 def _run(ctx: pipeline.RunContext, runner: FakeRunner, logs: list[str]):  # type: ignore[no-untyped-def]
-    return pipeline.run_case(ctx, ctx.cases[0], logs.append, runner=runner, infeasible=lambda _r: None)
+    return attempts.run_case(ctx, ctx.cases[0], logs.append, runner=runner, infeasible=lambda _r: None)
 
 
 def test_infrastructure_failures_are_retried_up_to_the_limit(ctx: pipeline.RunContext) -> None:
@@ -140,12 +142,12 @@ def test_the_result_is_recorded_once(ctx: pipeline.RunContext) -> None:
     _run(ctx, FakeRunner(), logs)
     _run(ctx, FakeRunner("crash"), logs)  # a second result for the same case is refused, the first kept
     assert any("already recorded" in line for line in logs)
-    assert pipeline.pending_cases(ctx) == []
+    assert attempts.pending_cases(ctx) == []
 
 
 def test_an_infeasible_case_is_an_infra_result_without_running(ctx: pipeline.RunContext) -> None:
     runner = FakeRunner()
-    outcome = pipeline.run_case(ctx, ctx.cases[0], runner=runner, infeasible=lambda _r: "no GPU anywhere")
+    outcome = attempts.run_case(ctx, ctx.cases[0], runner=runner, infeasible=lambda _r: "no GPU anywhere")
     assert runner.calls == 0 and outcome.error_class == ErrorClass.INFRA and "no GPU" in (outcome.error or "")
 
 
@@ -228,7 +230,7 @@ def test_a_result_survives_a_database_locked_across_the_case_finish(tmp_path: Pa
     outcome = _run(ctx, FakeRunner(), logs)
     holder.join()
     assert outcome.passed and any("retrying" in line for line in logs), logs
-    assert pipeline.pending_cases(ctx) == []  # recorded once the lock was released
+    assert attempts.pending_cases(ctx) == []  # recorded once the lock was released
     assert not list((tmp_path / "data" / "spool").rglob("*.json"))  # and the spool emptied
 
 
@@ -244,14 +246,14 @@ def test_a_result_the_database_refused_is_recorded_on_resume(tmp_path: Path) -> 
     spooled = list((tmp_path / "data" / "spool").rglob("*.json"))
     assert len(spooled) == 1
     logs: list[str] = []
-    assert pipeline.pending_cases(ctx, logs.append) == []  # recorded from the spool, not run again
+    assert attempts.pending_cases(ctx, logs.append) == []  # recorded from the spool, not run again
     assert any("spooled by an earlier driver" in line for line in logs) and not spooled[0].exists()
 
 
 def test_with_retries_backs_off_and_gives_up() -> None:
     from sqlalchemy.exc import OperationalError
 
-    from qualify import spool
+    from qualify.execution import spool
 
     calls, sleeps = [], []
 

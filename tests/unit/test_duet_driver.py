@@ -1,4 +1,4 @@
-"""Duet, driver side (qualify.duet) and its gate check: the two sides' resources, the swaps between launch
+"""Duet, driver side (execution.duet) and its gate check: the two sides' resources, the swaps between launch
 pairs, the merged document, sampling until decided, and the fallback to paired with the reason. The launches
 here are functions (unit tests start no process): tests/integration/test_duet_e2e.py runs real ones on Ray.
 GPU ids are made up in these tests (no GPU here): only the split of a task's GPU ids is tested."""
@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import pytest
 
-from qualify import duet
-from qualify.cases import expand
+from qualify.execution import duet
+from qualify.manifest.cases import expand
 from qualify.gate.checks import ResultData, check_regression
 from qualify.manifest import Resources
 from support.gate import release as make_release

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from qualify import launches
-from qualify.cases import expand
+from qualify.execution import launches
+from qualify.manifest.cases import expand
 from qualify.gate import stats
 from qualify.gate.checks import ResultData, check_regression, check_variant_gains
 from qualify.manifest import ExecutionSpec, GatePolicy
@@ -62,7 +62,7 @@ def test_a_failing_launch_decides_the_case_and_stops_the_others() -> None:
 
 
 def test_cases_carry_their_launch_count_by_kind_and_it_is_part_of_the_fingerprint() -> None:
-    from qualify.fingerprint import of_case
+    from qualify.manifest.fingerprint import of_case
     from support.gate import release as make_release
 
     release = make_release()

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-FORBIDDEN = {"prefect", "flows", "tasks", "driver"}
+FORBIDDEN = {"prefect", "flows", "tasks", "driver", "qualify_prefect"}
 
 
 def _module_name(path: Path) -> str:
@@ -103,8 +103,22 @@ def test_no_module_reaches_prefect_flows_tasks_or_driver() -> None:
 
 
 def test_relative_and_from_imports_are_resolved() -> None:
-    assert "qualify.pipeline" in GRAPH["qualify.cli.run"]
+    assert "qualify.progress" in GRAPH["qualify.cli.run"]
     assert "qualify.errors" in GRAPH["qualify.store.engine"]
+
+
+def test_only_the_execution_package_imports_ray() -> None:
+    """Ray is the execution path's business: the gate, the store, the CLI and the reports run without it."""
+    outside = {m: sorted(i for i in deps if i.split(".")[0] == "ray")
+               for m, deps in GRAPH.items() if not m.startswith("qualify.execution")}
+    assert {m: d for m, d in outside.items() if d} == {}
+
+
+def test_the_gate_imports_nothing_from_execution() -> None:
+    """The gate reads the result-document format (qualify.result_document), never a runner."""
+    gate = {m: sorted(i for i in deps if i.startswith("qualify.execution"))
+            for m, deps in GRAPH.items() if m.startswith("qualify.gate")}
+    assert {m: d for m, d in gate.items() if d} == {}
 
 
 def test_readme_configuration_table_lists_exactly_the_variables_qualify_reads() -> None:

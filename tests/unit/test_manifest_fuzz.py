@@ -81,7 +81,7 @@ snippets = st.lists(st.one_of(YAML_BITS, st.text(max_size=4)), max_size=24).map(
 @settings(max_examples=300, deadline=None)
 @given(line=st.integers(0, len(BASE_LINES)), snippet=snippets)
 def test_spliced_yaml_never_crashes(line: int, snippet: str) -> None:
-    from qualify.manifest_load import LIMITS, ManifestError, load_manifest_text
+    from qualify.manifest.load import LIMITS, ManifestError, load_manifest_text
 
     text = "\n".join(BASE_LINES[:line] + [snippet] + BASE_LINES[line:]) + "\n"
     try:
@@ -93,7 +93,7 @@ def test_spliced_yaml_never_crashes(line: int, snippet: str) -> None:
 
 def test_a_set_tag_spliced_into_a_mapping_is_refused_cleanly() -> None:
     """Found by the fuzz above (`count: !!set ` at line 40): PyYAML's set constructor crashed with a TypeError."""
-    from qualify.manifest_load import ManifestError, load_manifest_text
+    from qualify.manifest.load import ManifestError, load_manifest_text
 
     text = "\n".join(BASE_LINES[:40] + ["count: !!set "] + BASE_LINES[40:]) + "\n"
     with pytest.raises(ManifestError) as info:

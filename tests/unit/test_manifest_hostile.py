@@ -23,8 +23,8 @@ from support.hostile import (
 )
 from support.paths import REPO
 
-import qualify.manifest_load as manifest_load
-from qualify.manifest_load import ManifestError, load_manifest, load_manifest_text
+import qualify.manifest.load as manifest_load
+from qualify.manifest.load import ManifestError, load_manifest, load_manifest_text
 
 XPU = REPO / "releases" / "training-xpu-pytorch-25.05.yaml"
 
@@ -80,7 +80,7 @@ def test_depth_cap_boundary() -> None:
 
 
 def test_case_cap_boundary_and_speed() -> None:
-    from qualify.cases import expand
+    from qualify.manifest.cases import expand
 
     cap = limits().max_cases
     exact = MINIMAL + f"custom_cases:\n  - {{name: nap, kind: sleep, count: {cap}}}\n"
@@ -94,7 +94,7 @@ def test_case_cap_boundary_and_speed() -> None:
 
 
 def test_expand_refuses_a_release_that_skipped_the_loader() -> None:
-    from qualify.cases import expand
+    from qualify.manifest.cases import expand
     from qualify.manifest import ReleaseManifest
 
     data = yaml.safe_load(MINIMAL)

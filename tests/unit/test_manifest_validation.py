@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from qualify.cli import app
-from qualify.manifest_load import ManifestError, load_manifest
+from qualify.manifest.load import ManifestError, load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "releases" / "cpu-smoke.yaml"
@@ -122,7 +122,7 @@ def test_scheme_engine_cannot_run(tmp_path: Path) -> None:
 
 
 def test_cpu_vllm_release_is_valid_and_its_refusals_say_why(tmp_path: Path, monkeypatch) -> None:
-    from qualify import manifest_load
+    from qualify.manifest import load as manifest_load
 
     data = yaml.safe_load((REPO / "releases" / "cpu-vllm.yaml").read_text())
     data["build"]["containerfile"] = str(REPO / "images" / "vllm-cpu" / "Containerfile")
@@ -227,7 +227,7 @@ def test_load_error_lists_problems(tmp_path: Path) -> None:
 
 
 def test_engines_schemes_and_probes_come_from_the_inference_workload() -> None:
-    from qualify import manifest
+    from qualify.manifest import model as manifest
     from qualify.workloads.infer import engines, params
 
     assert manifest.Scheme.__args__ == params.SCHEMES

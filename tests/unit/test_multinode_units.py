@@ -1,4 +1,4 @@
-"""Multi-node launch (ray_multinode) and the loopback rendezvous pieces of the training
+"""Multi-node launch (execution.multinode) and the loopback rendezvous pieces of the training
 launcher: the pure parts, without Ray or processes.
 
 The real thing (a two-node Ray cluster on this machine, DeepSpeed over gloo) is
@@ -13,16 +13,17 @@ from typing import Any
 
 import pytest
 
-from qualify.cases import devices_per_node
+from qualify.manifest.cases import devices_per_node
 from qualify.executors import LocalExecutor
 from qualify.executors.container import ContainerExecutor
 from qualify.manifest import Resources
-from qualify.ray_backend import infeasible_reason
-from qualify.ray_multinode import (NodeRun, merge_node_docs, multinode_problem, node_bundle, node_case_doc,
-                                   task_options)
+from qualify.execution.ray import infeasible_reason
+from qualify.execution.multinode import (NodeRun, merge_node_docs, multinode_problem, node_bundle, node_case_doc,
+                                   )
+from qualify.execution.result import bundle_task_options as task_options
 from qualify.workloads import protocol
 from qualify.workloads.train import torchrun
-from qualify.workloads.train.launch import gloo_env
+from qualify.workloads.train.ranks import gloo_env
 
 CASE = protocol.make_case("train/tiny/base", "train", {"model": "tiny-llama", "devices": 2, "nodes": 2})
 

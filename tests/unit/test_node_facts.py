@@ -1,4 +1,4 @@
-"""The accelerator driver is the node's, read on the host side (qualify.node_facts), never the
+"""The accelerator driver is the node's, read on the host side (qualify.execution.node_facts), never the
 candidate's claim. No GPU here: the NVIDIA and AMD module files are written into a folder that
 stands for the host's root, and a GPU node's facts are given as data."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qualify.manifest import Component
-from qualify.node_facts import driver_facts
+from qualify.execution.node_facts import driver_facts
 from qualify.verify import UNKNOWN_DRIVER, compare_components
 
 

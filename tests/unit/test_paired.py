@@ -8,11 +8,12 @@ import statistics
 
 import pytest
 
-from qualify import launches
-from qualify.cases import expand
+from qualify import result_document
+from qualify.execution import launches
+from qualify.manifest.cases import expand
 from qualify.gate import stats
 from qualify.gate.checks import ResultData, check_regression
-from qualify.pipeline import baseline_document
+from qualify.execution.paired import baseline_document
 from support.gate import release as make_release
 
 pytestmark = pytest.mark.unit
@@ -41,7 +42,7 @@ def test_pairs_are_interleaved_and_both_sides_are_stored() -> None:
     assert calls == ["A0", "B0", "A1", "B1", "A2", "B2"]
     assert merged["environment"]["paired"]["order"] == calls
     assert merged["samples"]["per_launch.tokens_per_s"] == [90.0, 91.0, 92.0]
-    assert launches.paired_baseline_series(merged["samples"], "tokens_per_s") == [100.0, 101.0, 102.0]
+    assert result_document.paired_baseline_series(merged["samples"], "tokens_per_s") == [100.0, 101.0, 102.0]
     assert merged["environment"]["paired"]["pairs"] == 3 and merged["environment"]["paired"]["reason"] is None
 
 
@@ -58,7 +59,7 @@ def test_a_failing_baseline_launch_leaves_the_case_without_a_baseline_and_says_w
     assert merged["status"] == "passed"  # the candidate's own result stands
     assert merged["environment"]["paired"]["order"] == ["A0", "B0", "A1", "A2"]
     assert "pull refused" in merged["environment"]["paired"]["reason"]
-    assert launches.paired_baseline_series(merged["samples"], "tokens_per_s") is None
+    assert result_document.paired_baseline_series(merged["samples"], "tokens_per_s") is None
 
 
 def test_the_baseline_side_never_gets_the_slowdown_switch() -> None:
@@ -119,7 +120,7 @@ def test_paired_test_catches_five_percent_under_drift_that_the_unpaired_test_mis
 
 
 def test_paired_validation_needs_a_previous_release() -> None:
-    from qualify.manifest_load import ManifestError
+    from qualify.manifest.load import ManifestError
 
     with pytest.raises(ManifestError, match="previous_tag"):
         make_release(gate_extra=PAIRED, release_extra={"previous_tag": None})

@@ -25,7 +25,7 @@ from qualify.build.containers import (
 )
 from qualify.executors.container import ContainerExecutor
 from qualify.manifest import ReleaseManifest
-from qualify.manifest_load import ManifestError, load_manifest, load_manifest_text
+from qualify.manifest.load import ManifestError, load_manifest, load_manifest_text
 from qualify.workloads import protocol
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"

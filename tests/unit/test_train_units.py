@@ -12,7 +12,7 @@ import pytest
 
 from qualify.workloads import protocol
 from qualify.workloads.protocol import BadCase
-from qualify.workloads.train.launch import (
+from qualify.workloads.train.ranks import (
     choose_launcher,
     is_launched,
     launch_command,
@@ -298,7 +298,7 @@ def _doc(status="passed", error_class=None, error=None, **env):
 
 
 def test_merge_rank_results_a_failing_rank_wins_over_what_it_caused():
-    from qualify.workloads.train.launch import merge_rank_results
+    from qualify.workloads.train.ranks import merge_rank_results
 
     nan = _doc("failed", "nan_loss", "loss is nan at step 2", rank=1)
     crash = _doc("error", "crash", "Connection closed by peer", rank=0)
@@ -321,7 +321,7 @@ def test_merge_rank_results_a_failing_rank_wins_over_what_it_caused():
 
 
 def test_merge_rank_results_passes_only_when_every_rank_passed_and_the_launcher_exited_0():
-    from qualify.workloads.train.launch import merge_rank_results
+    from qualify.workloads.train.ranks import merge_rank_results
 
     ok = {0: _doc(rank=0), 1: _doc(rank=1)}
     out = merge_rank_results(ok, expected=[0, 1], launcher_exit_code=0)
@@ -341,7 +341,7 @@ def test_merge_rank_results_passes_only_when_every_rank_passed_and_the_launcher_
 
 
 def test_a_rank_writes_its_document_and_exits_non_zero_when_it_did_not_pass(tmp_path):
-    from qualify.workloads.train.launch import rank_result_path, read_rank_results
+    from qualify.workloads.train.ranks import rank_result_path, read_rank_results
 
     case = tmp_path / "case.json"
     case.write_text(json.dumps(protocol.make_case("train/x", "train", {})))

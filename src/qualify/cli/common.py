@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from qualify.errors import ExitCode, QualifyError
-from qualify.manifest_load import LoadedManifest, load_manifest
+from qualify.manifest.load import LoadedManifest, load_manifest
 from qualify.settings import Settings
 
 # Pipes and CI logs get wide lines instead of wrapping references mid-word.

@@ -15,7 +15,7 @@ import typer
 from qualify.cli.common import DbOption, JsonOption, open_db, say
 from qualify.comparison import case_history, compare_runs, resolve_ref
 from qualify.errors import BadInput
-from qualify.reporting import fmt_number
+from qualify.report.views import fmt_number
 
 RepositoryOption = typer.Option(None, "--repository", metavar="REPO",
                                 help="the repository a bare tag belongs to (when several have it)")
@@ -83,7 +83,7 @@ def history(case_id: str = typer.Argument(..., metavar="CASE_ID", help="e.g. tra
     with open_db(db, migrate=False)() as session:
         metric, points = case_history(session, case_id, metric, repository=repository, limit=limit)
     if png is not None:
-        from qualify.charts import history_chart
+        from qualify.report.charts import history_chart
 
         png.parent.mkdir(parents=True, exist_ok=True)
         png.write_bytes(history_chart(case_id, metric, [p.to_dict() for p in points]))

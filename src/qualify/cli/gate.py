@@ -16,7 +16,7 @@ import typer
 
 from qualify.cli.common import DbOption, InsecureOption, JsonOption, exit_with, new_app, open_db, say
 from qualify.errors import BadInput, ExitCode
-from qualify.gate.service import decision_dict, evaluate_and_commit
+from qualify.gate.judging import decision_dict, evaluate_and_commit
 from qualify.outcomes import Verdict
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, parse_reference

@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from qualify.cases import expand
+from qualify.manifest.cases import expand
 from qualify.cli.common import JsonOption, load, out
-from qualify.manifest_load import ManifestError, load_manifest
+from qualify.manifest.load import ManifestError, load_manifest
 from qualify.workloads.secrets import redact_env
 
 

@@ -9,8 +9,8 @@ import typer
 
 from qualify.cli.common import DbOption, open_db, say, settings
 from qualify.errors import BadInput
-from qualify.report_html import write_report
-from qualify.reporting import report_view
+from qualify.report.html import write_report
+from qualify.report.views import report_view
 
 
 def report(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,

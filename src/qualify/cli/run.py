@@ -16,12 +16,12 @@ from typing import Iterator, Optional
 import typer
 from rich.console import Console
 
-from qualify.cases import expand
+from qualify.manifest.cases import expand
 from qualify.cli.common import DbOption, exit_with, load, settings
 from qualify.errors import ExitCode
-from qualify.launch import RunRequest, find_launcher
+from qualify.launcher import RunRequest, find_launcher
 from qualify.outcomes import RunOutcome, Verdict
-from qualify.pipeline import Progress
+from qualify.progress import Progress
 
 
 def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from qualify.cli.common import DbOption, JsonOption, new_app, open_db, out
 from qualify.errors import BadInput
-from qualify.reporting import run_detail, run_summary
+from qualify.report.views import run_detail, run_summary
 from qualify.store import repo
 
 runs_app = new_app(help="Read qualification runs.")

@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from qualify import duet, launches
+from qualify import result_document
 from qualify import metrics as metric_info
-from qualify.cases import Case
-from qualify.fingerprint import differences as fingerprint_differences
+from qualify.manifest.cases import Case
+from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import duet_stats, stats
 from qualify.manifest import Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
@@ -47,7 +47,7 @@ class ResultData:
     probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     model: str | None = None
     variant: str | None = None
-    fingerprint: Mapping[str, Any] | None = None  # qualify.fingerprint: what it may be compared with
+    fingerprint: Mapping[str, Any] | None = None  # qualify.manifest.fingerprint: what it may be compared with
     attempts: int = 1
     environment: Mapping[str, Any] = field(default_factory=dict)
 
@@ -357,7 +357,7 @@ def _series(result: ResultData, metric: str) -> list[float]:
     """The samples behind a metric that the gate tests: one figure per independent launch
     (qualify.launches), else the single reported figure. Repeats inside one process are never the
     sample count: they share the process's start-up, clocks and placement."""
-    per_launch = launches.per_launch_series(result.samples, metric)
+    per_launch = result_document.per_launch_series(result.samples, metric)
     if per_launch:
         return [v for v in per_launch if _num(v) is not None]
     value = _num(result.metrics.get(metric))
@@ -424,7 +424,7 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
 def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
                             results: Mapping[str, ResultData]) -> list[Reason]:
     """gate.regression.baseline: paired -- each case's launches against the previous release's launches measured
-    beside them (qualify.launches.run_paired), pair by pair (stats.compare_pairs). A case without its
+    beside them (execution.launches.run_paired), pair by pair (stats.compare_pairs). A case without its
     baseline side (the previous image could not be had, or its launch failed) is INCOMPLETE with the reason."""
     reg = policy.regression
     reasons: list[Reason] = []
@@ -434,8 +434,8 @@ def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
             continue  # a missing or failed case is the completeness check's
         paired = result.environment.get("paired") if isinstance(result.environment, Mapping) else None
         for metric in reg.metrics_for(case.kind):
-            cand = launches.per_launch_series(result.samples, metric)
-            base = launches.paired_baseline_series(result.samples, metric)
+            cand = result_document.per_launch_series(result.samples, metric)
+            base = result_document.paired_baseline_series(result.samples, metric)
             if not cand or not base:
                 why = (paired or {}).get("reason") if isinstance(paired, Mapping) else None
                 why = why or ("the case was not measured in pairs" if not paired else f"no paired {metric}")
@@ -458,7 +458,7 @@ def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
 def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                           results: Mapping[str, ResultData]) -> list[Reason]:
     """gate.regression.baseline: duet -- each case's per-step log ratios against the previous release run at the
-    same time (qualify.duet), launch pairs as blocks, side bias removed (gate/duet_stats). PASS when the worst end
+    same time (execution.duet), launch pairs as blocks, side bias removed (gate/duet_stats). PASS when the worst end
     of the interval is within max_regression, FAIL when a regression beyond it is shown, else INCOMPLETE (the
     run already sampled up to its budget). A case measured paired instead (no node for both sides, no duet hook)
     is judged pair by pair, with the reason said."""
@@ -470,7 +470,8 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
             continue  # a missing or failed case is the completeness check's
         env = result.environment if isinstance(result.environment, Mapping) else {}
         record = env.get("duet") if isinstance(env.get("duet"), Mapping) else {}
-        blocks = duet.blocks_from_samples(result.samples)
+        blocks = [duet_stats.DuetBlock(side, tuple(ratios))
+                  for side, ratios in result_document.duet_pairs(result.samples)]
         if not blocks:
             fallback = record.get("reason") or "the case was not measured in duet"
             for reason in check_paired_regression(policy, [case], {case.case_id: result}):

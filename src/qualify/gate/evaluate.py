@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from qualify.cases import Case
+from qualify.manifest.cases import Case
 from qualify.gate.checks import (
     FAIL,
     INCOMPLETE,

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
-from qualify.manifest_load import ManifestError
+from qualify.manifest.load import ManifestError
 from qualify.outcomes import CheckStatus, Verdict
 from qualify.store import repo
 from qualify.store.models import Run

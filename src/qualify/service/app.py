@@ -34,7 +34,7 @@ from qualify.errors import BadInput
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.registry import ImageNotFound, RegistryError
-from qualify.reporting import run_detail, run_summary
+from qualify.report.views import run_detail, run_summary
 from qualify.service.webhook import EnforcingClient, MalformedEvents, Webhook
 from qualify.settings import Settings
 from qualify.store import repo

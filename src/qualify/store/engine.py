@@ -21,7 +21,7 @@ class DatabaseError(InfraError):
 
 def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
     """busy_timeout_s: how long a SQLite statement waits for another writer's lock before it fails
-    (the driver then retries the write: qualify.spool.with_retries)."""
+    (the driver then retries the write: qualify.execution.spool.with_retries)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":

@@ -142,7 +142,7 @@ class CaseResult(Base):
     samples: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     probes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     environment: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    # what the result may be compared with (qualify.fingerprint); NULL for results recorded before 0002
+    # what the result may be compared with (qualify.manifest.fingerprint); NULL for results recorded before 0002
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     log_tail: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=1)

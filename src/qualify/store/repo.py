@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from qualify.errors import BadInput
-from qualify.manifest_load import LoadedManifest, load_manifest_text
+from qualify.manifest.load import LoadedManifest, load_manifest_text
 from qualify.outcomes import Verdict
 from qualify.store.models import (
     CaseResult,

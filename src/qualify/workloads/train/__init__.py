@@ -36,5 +36,5 @@ Choices:
   deepspeed.initialize, warm-up, compile).
 - MFU: the peak of (device, dtype) from train/mfu.py, or the case's peak_flops_per_device
   (peak_source "manifest" or "table:<device>/<dtype>"); null with mfu_null_reason otherwise.
-- Several ranks: each writes its own document (launch.py) and the parent merges them.
+- Several ranks: each writes its own document (ranks.py) and the parent merges them.
 """

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from qualify.workloads import duet, protocol
 from qualify.workloads.settings import WorkloadSettings
 from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
-from qualify.workloads.train.launch import (RANK_RESULT_DIR, choose_launcher, free_port, gloo_env, is_launched,
+from qualify.workloads.train.ranks import (RANK_RESULT_DIR, choose_launcher, free_port, gloo_env, is_launched,
                                             launch_command, merge_rank_results, rank_result_path,
                                             read_rank_results, relaunch, single_process_env)
 from qualify.workloads.train.mfu import mfu, peak_dtype, resolve_peak

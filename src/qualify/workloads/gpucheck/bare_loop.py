@@ -2,10 +2,10 @@
 """A bare PyTorch training loop: the reference that scripts/gpu-check.sh measures the
 harness against (no DeepSpeed, no qualify; torch and transformers only).
 
-    gpu_bare_loop.py --config CONFIG.json --seq-len T --micro-batch B
+    python -m qualify.workloads.gpucheck.bare_loop --config CONFIG.json --seq-len T --micro-batch B
                      [--steps 10] [--warmup 3] [--repeats 3] [--precision master|pure]
                      [--device auto|cuda|cpu] [--threads N] [--timeout-s S]
-    gpu_bare_loop.py --config CONFIG.json --count --layers 32,24,16,8 --seq-len T
+    python -m qualify.workloads.gpucheck.bare_loop --config CONFIG.json --count --layers 32,24,16,8 --seq-len T
 
 CONFIG.json holds the fields of a Hugging Face config.json (with model_type): the same
 file the training workload gets as model_config_path, so both sides build the same
@@ -51,6 +51,8 @@ import time
 import traceback
 from typing import Any
 
+from qualify.workloads.protocol import is_oom
+
 
 class _Timeout(Exception):
     pass
@@ -60,7 +62,7 @@ def _load_fields(path: str) -> dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
         fields = json.load(fh)
     if not isinstance(fields, dict) or "model_type" not in fields:
-        raise SystemExit(f"gpu_bare_loop: {path} is not a config.json (no model_type)")
+        raise SystemExit(f"bare_loop: {path} is not a config.json (no model_type)")
     return fields
 
 
@@ -110,12 +112,6 @@ def count_main(args) -> int:
         out[str(n)] = counts(build_model(config, "meta"), config, args.seq_len)
     print(json.dumps({"status": "passed", "seq_len": args.seq_len, "layers": out}, sort_keys=True))
     return 0
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if type(exc).__name__ in ("OutOfMemoryError", "MemoryError"):
-        return True
-    return "out of memory" in str(exc).lower()
 
 
 def _device_name(torch, device) -> str | None:
@@ -287,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure ends as a document
         if isinstance(exc, (_Timeout, KeyboardInterrupt)):
             doc["error_class"] = "timeout"
-        elif _is_oom(exc):
+        elif is_oom(exc):
             doc["error_class"] = "oom"
         else:
             doc["error_class"] = "crash"

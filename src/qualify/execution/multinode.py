@@ -1,6 +1,6 @@
 """Multi-node cases on Ray: one launch of a `nodes: N` case spread over N Ray nodes.
 
-`ray_backend.run_case_on_ray` hands a case with `resources.nodes > 1` to `run_multinode_case`,
+`execution.ray.run_case_on_ray` hands a case with `resources.nodes > 1` to `run_multinode_case`,
 so that one call stays one launch of the case whatever its node count:
 
 1. A placement group with one bundle per node (STRICT_SPREAD: N distinct Ray nodes), each
@@ -12,7 +12,7 @@ so that one call stays one launch of the case whatever its node count:
 3. One Ray task per bundle runs the executor with the case document plus that node's
    `node_rank`, `nodes`, `master_addr` and `master_port`; the training workload starts
    `torchrun --nnodes N --node-rank k --master-addr A --master-port P` there and merges its own
-   ranks' documents (workloads/train/launch.py). The task also reads the node's accelerator
+   ranks' documents (workloads/train/ranks.py). The task also reads the node's accelerator
    driver on the host side (node_facts), outside the candidate.
 4. The nodes' documents are merged again (`merge_node_docs`): the case passes only when every
    node passed and the ranks form the whole world, one block per node; otherwise the failing
@@ -28,18 +28,20 @@ from __future__ import annotations
 import copy
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from qualify import node_facts
+from qualify.execution import node_facts
+from qualify.execution.node_facts import gpu_ids_of
+from qualify.execution.result import CaseRunResult, bundle_task_options, node_share
 from qualify.executors import Executor
 from qualify.manifest import Resources
 from qualify.workloads import protocol
-from qualify.workloads.train.launch import RANK_FAILURE_ORDER, free_port
+from qualify.workloads.train.ranks import RANK_FAILURE_ORDER, free_port
 
 MULTINODE_KINDS = ("train",)  # workloads that know node_rank / master_addr
 DRIVER_MARGIN_S = 120.0  # past the executors' own timeout (they kill and report within ~20 s)
@@ -63,53 +65,12 @@ class NodeRun:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class LaunchResult:
-    """The fields of ray_backend.RayCaseResult (this module does not import ray_backend: no cycle)."""
-
-    doc: dict[str, Any]
-    exit_code: int | None
-    exec_s: float | None
-    queue_wait_s: float | None
-    node: str | None
-    node_id: str | None
-    gpu_ids: Sequence[str] = ()
-    retryable: bool = False
-    command: Sequence[str] = ()
-
-    def fields(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 # --------------------------------------------------------------------------- pure parts
 
 
 def node_bundle(resources: Resources) -> dict[str, float]:
-    """One node's share of the case as a placement-group bundle (totals divided by nodes)."""
-    nodes = max(1, resources.nodes)
-    bundle: dict[str, float] = {"CPU": resources.cpus / nodes}
-    if resources.gpus:
-        bundle["GPU"] = resources.gpus / nodes
-    for name, amount in resources.custom.items():
-        bundle[name] = amount / nodes
-    if resources.accelerator_type:
-        bundle[f"accelerator_type:{resources.accelerator_type}"] = 0.001  # Ray's own marker amount
-    if resources.memory_gb:
-        bundle["memory"] = float(int(resources.memory_gb * 2**30 / nodes))
-    bundle = {k: v for k, v in bundle.items() if v > 0}
-    return bundle or {"CPU": 0.001}  # Ray refuses an empty bundle; a zero-CPU case still needs a node
-
-
-def task_options(bundle: dict[str, float]) -> dict[str, Any]:
-    """Ray task options asking for exactly one bundle's resources."""
-    options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0),
-                               "max_retries": 0}
-    if "memory" in bundle:
-        options["memory"] = int(bundle["memory"])
-    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
-    if custom:
-        options["resources"] = custom
-    return options
+    """One node's share of the case as a placement-group bundle (the share `ray_options` asks for)."""
+    return node_share(resources).bundle()
 
 
 def multinode_problem(case_doc: dict[str, Any], executor: Executor) -> str | None:
@@ -222,7 +183,7 @@ def _pick_rendezvous() -> tuple[str, int]:
 def _run_node(executor: Executor, node_rank: int, case_doc: dict[str, Any], timeout_s: float) -> NodeRun:
     started = time.time()
     context = ray.get_runtime_context()
-    gpu_ids = [str(x) for x in context.get_accelerator_ids().get("GPU", [])]
+    gpu_ids = gpu_ids_of(context)
     outcome = executor.run(case_doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
     return NodeRun(node_rank, outcome.doc, outcome.exit_code, outcome.exec_s, started, socket.gethostname(),
                    context.get_node_id(), ray.util.get_node_ip_address(), gpu_ids, list(outcome.command),
@@ -233,9 +194,9 @@ def _run_node(executor: Executor, node_rank: int, case_doc: dict[str, Any], time
 
 
 def _refused(case_doc: dict[str, Any], error_class: str, message: str, *, retryable: bool,
-             started: float) -> LaunchResult:
+             started: float) -> CaseRunResult:
     doc = protocol.make_result(case_doc, "error", error_class=error_class, error=message)
-    return LaunchResult(doc, None, time.time() - started, None, None, None, retryable=retryable)
+    return CaseRunResult(doc, None, time.time() - started, None, None, None, retryable=retryable)
 
 
 def _gather(case_doc: dict[str, Any], refs: list[ray.ObjectRef], deadline_s: float) -> list[NodeRun]:
@@ -255,12 +216,12 @@ def _gather(case_doc: dict[str, Any], refs: list[ray.ObjectRef], deadline_s: flo
 
 
 def _launch(executor: Executor, case_doc: dict[str, Any], resources: Resources, timeout_s: float,
-            pg: PlacementGroup, submitted: float) -> LaunchResult:
+            pg: PlacementGroup, submitted: float) -> CaseRunResult:
     nodes = resources.nodes
     bundle = node_bundle(resources)
     in_bundle = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=k) for k in range(nodes)]
     address, port = ray.get(_pick_rendezvous.options(scheduling_strategy=in_bundle[0]).remote(), timeout=120)
-    refs = [_run_node.options(scheduling_strategy=in_bundle[k], **task_options(bundle)).remote(
+    refs = [_run_node.options(scheduling_strategy=in_bundle[k], **bundle_task_options(bundle)).remote(
                 executor, k, node_case_doc(case_doc, node_rank=k, nodes=nodes, address=address, port=port),
                 timeout_s)
             for k in range(nodes)]
@@ -270,7 +231,7 @@ def _launch(executor: Executor, case_doc: dict[str, Any], resources: Resources, 
     first = runs[0]
     started = [r.started_at for r in runs if r.started_at is not None]
     exits = [r.exit_code for r in runs]
-    return LaunchResult(
+    return CaseRunResult(
         doc=doc,
         exit_code=None if None in exits else next((c for c in exits if c != 0), 0),
         exec_s=max((r.exec_s or 0.0) for r in runs),
@@ -278,11 +239,11 @@ def _launch(executor: Executor, case_doc: dict[str, Any], resources: Resources, 
         node=first.host, node_id=first.node_id,
         gpu_ids=[f"node{r.node_rank}:{g}" for r in runs for g in r.gpu_ids],
         retryable=doc.get("error_class") == "infra",
-        command=list(first.command))
+        command=tuple(first.command))
 
 
 def run_multinode_case(executor: Executor, case_doc: dict[str, Any], resources: Resources,
-                       timeout_s: float) -> LaunchResult:
+                       timeout_s: float) -> CaseRunResult:
     """One launch of a multi-node case (see the module docstring); always a result, never an exception."""
     submitted = time.time()
     problem = multinode_problem(case_doc, executor)

@@ -12,19 +12,21 @@ import os
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import ray
 
-from qualify import launches
+from qualify.execution import launches
+from qualify.execution.node_facts import gpu_ids_of
+from qualify.execution.result import CaseRunResult, node_share
 from qualify.executors import Executor
 from qualify.manifest import Resources
 from qualify.settings import Settings
 from qualify.workloads import protocol
 
-QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parent
+QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the `qualify` package a remote cluster is sent
 
 
 @dataclass(frozen=True)
@@ -75,21 +77,8 @@ def bind_local_cluster_to_loopback() -> None:
 
 
 def ray_options(resources: Resources) -> dict[str, Any]:
-    """Ray scheduling options for a case: CPUs, GPUs, custom resources, accelerator type."""
-    nodes = max(1, resources.nodes)
-    options: dict[str, Any] = {
-        # One node's share: a multi-node case reserves one such bundle per node (ray_multinode).
-        "num_cpus": resources.cpus / nodes,
-        "num_gpus": resources.gpus / nodes,
-        "max_retries": 0,  # retries are the driver's decision (infrastructure failures only)
-    }
-    if resources.custom:
-        options["resources"] = {k: v / nodes for k, v in resources.custom.items()}
-    if resources.accelerator_type:
-        options["accelerator_type"] = resources.accelerator_type
-    if resources.memory_gb:
-        options["memory"] = int(resources.memory_gb * 2**30 / nodes)
-    return options
+    """Ray scheduling options for a case: one node's share (a multi-node case reserves one per node)."""
+    return node_share(resources).ray_options()
 
 
 def infeasible_reason(resources: Resources, nodes: list[dict[str, Any]] | None = None) -> str | None:
@@ -98,18 +87,11 @@ def infeasible_reason(resources: Resources, nodes: list[dict[str, Any]] | None =
     Ray would otherwise keep an infeasible task pending forever: the driver must refuse it.
     """
     nodes = nodes if nodes is not None else [n for n in ray.nodes() if n.get("Alive")]
-    need = dict(ray_options(resources))
-    wanted: dict[str, float] = {"CPU": need["num_cpus"], "GPU": need["num_gpus"]}
-    wanted.update(need.get("resources", {}))
-    if resources.accelerator_type:
-        wanted[f"accelerator_type:{resources.accelerator_type}"] = 0.001
-    if resources.memory_gb:
-        wanted["memory"] = need["memory"]
-    fitting = [n for n in nodes
-               if all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in wanted.items() if v > 0)]
+    wanted = node_share(resources).wanted()
+    fitting = [n for n in nodes if all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in wanted.items())]
     if len(fitting) >= max(1, resources.nodes):
         return None
-    wanted_txt = ", ".join(f"{k}={v:g}" for k, v in wanted.items() if v > 0)
+    wanted_txt = ", ".join(f"{k}={v:g}" for k, v in wanted.items())
     have = "; ".join(
         f"{n.get('NodeManagerAddress', '?')}: " + ", ".join(
             f"{k}={v:g}" for k, v in sorted(n.get("Resources", {}).items())
@@ -119,37 +101,16 @@ def infeasible_reason(resources: Resources, nodes: list[dict[str, Any]] | None =
             f"cluster can run this case: it needs {wanted_txt} per node; the cluster has {have or 'no nodes'}")
 
 
-@dataclass(frozen=True)
-class RayCaseResult:
-    """What a Ray task brings back from one case: the result document and where/how long it ran."""
-
-    doc: dict[str, Any]  # a valid result document, always
-    exit_code: int | None
-    exec_s: float | None
-    queue_wait_s: float | None
-    node: str | None
-    node_id: str | None
-    gpu_ids: Sequence[str] = ()
-    retryable: bool = False
-    command: Sequence[str] = field(default_factory=list)
-
-    @classmethod
-    def failed(cls, doc: dict[str, Any], *, retryable: bool, exec_s: float = 0.0) -> "RayCaseResult":
-        """A result synthesised on the driver (the case never ran, or its worker was lost)."""
-        return cls(doc=doc, exit_code=None, exec_s=exec_s, queue_wait_s=None, node=None, node_id=None,
-                   retryable=retryable)
-
-
 @ray.remote
 def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
-                 submitted_at: float) -> RayCaseResult:
+                 submitted_at: float) -> CaseRunResult:
     """Run one case on a Ray worker through the executor: its launches one after the other, each a fresh
-    process (qualify.launches), on this node, while this task holds the case's resources; plain data back.
+    process (execution.launches), on this node, while this task holds the case's resources; plain data back.
 
     timeout_s bounds each launch (a case of 3 launches may take up to 3 timeouts)."""
     started = time.time()
     context = ray.get_runtime_context()
-    gpu_ids = _gpu_ids(context)
+    gpu_ids = gpu_ids_of(context)
     outcomes: list[Any] = []
 
     def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -163,13 +124,13 @@ def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
 
 @ray.remote
 def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[str, Any],
-                        baseline_doc: dict[str, Any], timeout_s: float, submitted_at: float) -> RayCaseResult:
+                        baseline_doc: dict[str, Any], timeout_s: float, submitted_at: float) -> CaseRunResult:
     """A paired case (gate.regression.baseline: paired): the candidate's and the previous release's launches
     interleaved A B A B in this one task, which holds the case's resources on this node for both sides, so
     that both see the same machine state. The measurement time is at most twice the case's."""
     started = time.time()
     context = ray.get_runtime_context()
-    gpu_ids = _gpu_ids(context)
+    gpu_ids = gpu_ids_of(context)
     outcomes: list[Any] = []
 
     def side(chosen: Executor, keep: bool):
@@ -188,13 +149,13 @@ def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[s
 @ray.remote
 def execute_duet_case(executor: Executor, baseline: Executor, case_doc: dict[str, Any], baseline_doc: dict[str, Any],
                       per_side: Resources, timeout_s: float, submitted_at: float, policy: Any) -> RayCaseResult:
-    """A duet case (gate.regression.baseline: duet, qualify.duet): this task holds both sides' resources; the
+    """A duet case (gate.regression.baseline: duet, execution.duet): this task holds both sides' resources; the
     candidate's and the previous release's launches run at the same time, each on its own cores and GPUs."""
-    from qualify import duet
+    from qualify.execution import duet
 
     started = time.time()
     context = ray.get_runtime_context()
-    gpu_ids = _gpu_ids(context)
+    gpu_ids = gpu_ids_of(context)
     merged, outcomes = duet.measure(executor, baseline, case_doc, baseline_doc, cpus_per_side=per_side.cpus,
                                     gpus_per_side=per_side.gpus, gpu_ids=gpu_ids, timeout_s=timeout_s,
                                     policy=policy)
@@ -202,56 +163,49 @@ def execute_duet_case(executor: Executor, baseline: Executor, case_doc: dict[str
 
 
 def _task_result(merged: dict[str, Any], outcomes: list[Any], queue_wait_s: float, context: Any,
-                 gpu_ids: list[str]) -> RayCaseResult:
+                 gpu_ids: list[str]) -> CaseRunResult:
     """The Ray task's answer: the merged document, the candidate's launches' time, the last launch's exit."""
     last = outcomes[-1]
-    return RayCaseResult(doc=merged, exit_code=last.exit_code, exec_s=sum(o.exec_s for o in outcomes),
+    return CaseRunResult(doc=merged, exit_code=last.exit_code, exec_s=sum(o.exec_s for o in outcomes),
                          queue_wait_s=max(0.0, queue_wait_s), node=socket.gethostname(),
                          node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=last.retryable,
                          command=last.command)
 
 
 def _multinode_launches(executor: Executor, case_doc: dict[str, Any], resources: Resources,
-                        timeout_s: float) -> RayCaseResult:
-    from qualify.ray_multinode import run_multinode_case
+                        timeout_s: float) -> CaseRunResult:
+    from qualify.execution.multinode import run_multinode_case  # imports Ray's placement-group API: only when used
 
-    results: list[RayCaseResult] = []
+    results: list[CaseRunResult] = []
 
     def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        result = RayCaseResult(**run_multinode_case(executor, doc, resources, timeout_s).fields())
+        result = run_multinode_case(executor, doc, resources, timeout_s)
         results.append(result)
         return result.doc, result.exec_s or 0.0
 
     merged, _docs = launches.run_launches(case_doc, one_launch)
     last = results[-1]
-    return RayCaseResult(doc=merged, exit_code=last.exit_code, exec_s=sum(r.exec_s or 0.0 for r in results),
+    return CaseRunResult(doc=merged, exit_code=last.exit_code, exec_s=sum(r.exec_s or 0.0 for r in results),
                          queue_wait_s=results[0].queue_wait_s, node=last.node, node_id=last.node_id,
                          gpu_ids=last.gpu_ids, retryable=last.retryable, command=last.command)
 
 
-def _gpu_ids(context: Any) -> list[str]:
-    try:
-        return [str(x) for x in context.get_accelerator_ids().get("GPU", [])]
-    except Exception:  # noqa: BLE001 - older Ray: fall back to the GPU ids API
-        return [str(x) for x in ray.get_gpu_ids()]
-
-
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
                     timeout_s: float, *, baseline: Executor | None = None,
-                    baseline_doc: dict[str, Any] | None = None, duet: Any = None) -> RayCaseResult:
+                    baseline_doc: dict[str, Any] | None = None, duet: Any = None) -> CaseRunResult:
     """Submit one case (its launches, qualify.launches) and wait for it; a lost worker or node becomes an
     `infra` result, not an exception. With a baseline executor the case is paired (execute_paired_case).
 
-    `nodes > 1`: each launch is one ray_multinode launch over N nodes (its own placement group), the launches
+    `nodes > 1`: each launch is one execution.multinode launch over N nodes (its own placement group), the launches
     one after the other from here (pairing is refused for such a case: the pipeline never asks it). With a
-    baseline and a duet policy the case runs in duet (qualify.duet), in one task holding both sides.
+    baseline and a duet policy the case runs in duet (execution.duet), in one task holding both sides.
     """
     if resources.nodes > 1:
         return _multinode_launches(executor, case_doc, resources, timeout_s)
     submitted = time.time()
     options = ray_options(resources)
-    if baseline is not None and duet is not None:  # duet: a qualify.duet.DuetPolicy; the task holds both sides
-        from qualify.duet import doubled
+    if baseline is not None and duet is not None:  # duet: an execution.duet.DuetPolicy; the task holds both sides
+        from qualify.execution.duet import doubled
 
         ref = execute_duet_case.options(**ray_options(doubled(resources))).remote(
             executor, baseline, case_doc, baseline_doc or case_doc, resources, timeout_s, submitted, duet)
@@ -267,4 +221,4 @@ def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Res
             ray.exceptions.TaskUnschedulableError, ray.exceptions.RayTaskError) as exc:
         message = f"Ray could not run the case: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
         doc = protocol.make_result(case_doc, "error", error_class="infra", error=message)
-        return RayCaseResult.failed(doc, retryable=True, exec_s=time.time() - submitted)
+        return CaseRunResult.failed(doc, retryable=True, exec_s=time.time() - submitted)

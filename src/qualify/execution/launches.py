@@ -2,7 +2,7 @@
 
 Run-to-run variance (process start, clocks, placement, allocator state) is only sampled by starting
 the workload again. A throughput case therefore runs as `launches` separate processes on the same node
-(one Ray task holds the node's resources for all of them, see ray_backend) and the gate tests one figure
+(one Ray task holds the node's resources for all of them, see execution/ray.py) and the gate tests one figure
 per launch (gate.stats, Welch on logs); the steps and repeats inside a launch give the spread, not the
 sample count.
 
@@ -25,20 +25,14 @@ import math
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
-PER_LAUNCH = "per_launch."
-LAUNCH_INDEX = "launch_index."
+from qualify.result_document import LAUNCH_INDEX, PAIRED_BASELINE, PER_LAUNCH
+
 # Figures whose worst launch is the honest figure (a peak), not the median.
 _MAX_METRICS_SUFFIX = ("memory_bytes",)
 # Throughput series whose launch-to-launch and within-launch spread is reported.
 SPREAD_METRICS = ("tokens_per_s", "output_tokens_per_s", "wall_s")
 # Series whose spread inside a launch is reported (one timed step each).
 WITHIN_ONLY_SERIES = ("step_time_s",)
-
-
-def per_launch_series(samples: Mapping[str, Sequence[float]], metric: str) -> list[float] | None:
-    """The launch-level samples of a metric in a result's samples, or None when it has none."""
-    values = samples.get(PER_LAUNCH + metric)
-    return [float(v) for v in values] if values else None
 
 
 def launch_document(case_doc: Mapping[str, Any], index: int, count: int) -> dict[str, Any]:
@@ -141,14 +135,6 @@ def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]],
 
 
 # --------------------------------------------------------------------------- paired (gate.regression.baseline: paired)
-
-PAIRED_BASELINE = "paired_baseline."
-
-
-def paired_baseline_series(samples: Mapping[str, Sequence[float]], metric: str) -> list[float] | None:
-    """The baseline side's launch-level figures of a paired case (index i pairs with the candidate's launch i)."""
-    values = samples.get(PAIRED_BASELINE + PER_LAUNCH + metric)
-    return [float(v) for v in values] if values else None
 
 
 def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],

@@ -50,8 +50,8 @@ def run_summary(session: Session, run: Run) -> dict[str, Any]:
 
 def manifest_order(run: Run) -> dict[str, int]:
     """Case id -> position in the run's manifest, so reports list cases as the matrix does."""
-    from qualify.cases import expand
-    from qualify.manifest_load import ManifestError
+    from qualify.manifest.cases import expand
+    from qualify.manifest.load import ManifestError
 
     try:
         release = repo.run_manifest(run).release
@@ -181,7 +181,7 @@ STATUS_ORDER = ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "PASS")
 
 def policy_view(run: Run) -> dict[str, Any] | None:
     """The gate policy stored with the run (None when its manifest cannot be read back)."""
-    from qualify.manifest_load import ManifestError
+    from qualify.manifest.load import ManifestError
 
     try:
         manifest = repo.run_manifest(run).release

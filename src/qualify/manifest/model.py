@@ -30,6 +30,50 @@ from qualify.workloads.infer.params import (  # noqa: F401 - ENGINE_SCHEMES, PRE
 )
 from qualify.workloads.train.params import prefetch_bucket_problem
 
+__all__ = [
+    "NAME_RE",
+    "Name",
+    "Engine",
+    "Scheme",
+    "Probe",
+    "DEEPSEEK_R1_MAX_MODEL_LEN",
+    "WAIVER_MAX_MODEL_LEN",
+    "Strict",
+    "training_presets",
+    "inference_model_names",
+    "is_model_path",
+    "ReleaseInfo",
+    "HostPath",
+    "BuildSpec",
+    "ContainerOptIn",
+    "ContainerOptions",
+    "CaseKind",
+    "DEFAULT_LAUNCHES",
+    "MAX_LAUNCHES",
+    "ExecutionSpec",
+    "Component",
+    "Resources",
+    "TrainSettings",
+    "TrainModel",
+    "TrainVariant",
+    "TrainingMatrix",
+    "InferSettings",
+    "InferScheme",
+    "InferModel",
+    "InferenceMatrix",
+    "CustomCase",
+    "Threshold",
+    "RegressionPolicy",
+    "VariantGain",
+    "Waiver",
+    "GatePolicy",
+    "PromotionTarget",
+    "InsecureRegistryOptIn",
+    "PromotionSpec",
+    "ExpandedTarget",
+    "ReleaseManifest",
+]
+
 NAME_RE = r"^[a-z0-9][a-z0-9+._-]*$"
 Name = Annotated[str, Field(pattern=NAME_RE, max_length=64)]
 
@@ -623,7 +667,7 @@ class RegressionPolicy(Strict):
     # history: compare with the previous release's stored results, which must exist when previous_tag is
     # set (a missing or unusable baseline is INCOMPLETE); optional: the same, but a missing baseline is
     # only reported (a first release); paired: re-measure the previous image beside the candidate; duet: run the
-    # previous image at the same time as the candidate, each on its own cores, step by step (qualify.duet).
+    # previous image at the same time as the candidate, each on its own cores, step by step (execution.duet).
     baseline: Literal["history", "optional", "paired", "duet"] = "history"
 
     def metrics_for(self, kind: str) -> list[str]:

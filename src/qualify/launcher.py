@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 from qualify.errors import InfraError
 from qualify.outcomes import RunOutcome
-from qualify.pipeline import Progress
+from qualify.progress import Progress
 from qualify.settings import Settings
 
 ENTRY_POINT_GROUP = "qualify.launchers"

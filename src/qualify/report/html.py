@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from qualify import charts
-from qualify.reporting import STATUS_ORDER, fmt_number, reasons_by_status
+from qualify.report import charts
+from qualify.report.views import STATUS_ORDER, fmt_number, reasons_by_status
 
 esc = html.escape
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from qualify import metrics
 from qualify.errors import BadInput
 from qualify.imageref import InvalidReference, parse_reference
-from qualify.manifest import (
+from qualify.manifest.model import (
     DEEPSEEK_R1_MAX_MODEL_LEN,
     ENGINE_SCHEMES,
     WAIVER_MAX_MODEL_LEN,

@@ -37,14 +37,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from qualify import launches
+from qualify import result_document as rd
+from qualify.execution import launches
 from qualify.manifest import Resources
 from qualify.workloads import duet as wduet
 
-DUET = "duet."
-LOG_RATIO = DUET + "log_ratio"
-PAIR = DUET + "pair"
-CANDIDATE_SIDE = DUET + "candidate_side"
+LOG_RATIO, PAIR, CANDIDATE_SIDE = rd.DUET_LOG_RATIO, rd.DUET_PAIR, rd.DUET_CANDIDATE_SIDE
 # Kinds whose workload waits at the barrier before each timed step (the others fall back to paired).
 DUET_KINDS = ("train", "synthetic")
 STEP_SERIES = "step_time_s"
@@ -262,17 +260,10 @@ def fell_back(doc: dict[str, Any], label: str | None, reason: str) -> dict[str, 
 
 
 def blocks_from_samples(samples: Mapping[str, Sequence[float]]) -> list[Any]:
-    """The launch pairs (blocks, gate.duet_stats.DuetBlock) of a duet result's samples."""
+    """The launch pairs of a duet result's samples as the gate's blocks (gate.duet_stats.DuetBlock)."""
     from qualify.gate import duet_stats
 
-    ratios = samples.get(LOG_RATIO) or []
-    pair = samples.get(PAIR) or []
-    sides = samples.get(CANDIDATE_SIDE) or []
-    by_pair: dict[int, list[float]] = {}
-    for r, p in zip(ratios, pair):
-        by_pair.setdefault(int(p), []).append(float(r))
-    return [duet_stats.DuetBlock(int(sides[p]), tuple(rs)) for p, rs in sorted(by_pair.items())
-            if p < len(sides) and not math.isnan(float(sides[p]))]
+    return [duet_stats.DuetBlock(side, tuple(ratios)) for side, ratios in rd.duet_pairs(samples)]
 
 
 # --------------------------------------------------------------------------- the Ray task
@@ -323,3 +314,13 @@ def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc:
     if why:
         return f"no node can hold both sides ({why}); measured paired"
     return DuetPolicy(max_regression=max_regression, alpha=alpha, max_pairs=2 * planned_pairs(case_doc))
+
+
+def duet_choice(manifest: Any, case: Any, infeasible: Callable[[Resources], str | None]) -> DuetPolicy | str | None:
+    """For a paired-able case of a run: None unless gate.regression.baseline is duet; then the case's duet
+    policy, or why it is measured paired instead (said in its result)."""
+    reg = manifest.gate.regression
+    if reg.baseline != "duet":
+        return None
+    return driver_choice(case.kind, manifest.execution.executor, case.resources, case.document(),
+                         reg.max_regression, reg.alpha, infeasible)

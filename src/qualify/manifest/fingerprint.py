@@ -12,7 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
-    from qualify.cases import Case
+    from qualify.manifest.cases import Case
 
 # Case parameters that do not change the measured figures (the synthetic workload's `samples`, `fail`
 # and `signal` ARE its measurements and faults, not settings of a measurement).

@@ -89,3 +89,11 @@ def facts_of_node(node_id: str | None, timeout_s: float = 120) -> dict[str, Any]
 
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     return ray.get(_read_on_node.options(scheduling_strategy=strategy).remote(), timeout=timeout_s)
+
+
+def gpu_ids_of(context: Any) -> list[str]:
+    """The GPUs Ray gave the running task."""
+    try:
+        return [str(x) for x in context.get_accelerator_ids().get("GPU", [])]
+    except Exception:  # noqa: BLE001 - older Ray: fall back to the GPU ids API
+        return [str(x) for x in ray.get_gpu_ids()]

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Driver of scripts/gpu-check.sh (run it through that script, which picks the Python).
 
-Standard library only, and no import of qualify: it talks to the training workload
+A workload-side module (standard library and other workload modules only, like everything under
+qualify/workloads: tests/unit/test_workload_boundary.py): it talks to the training workload
 through its documented entry points (`python -m qualify.workloads.train --case FILE`
-and `--describe PRESET`) and to scripts/gpu_bare_loop.py, each in its own process.
+and `--describe PRESET`) and to the bare loop (`python -m qualify.workloads.gpucheck.bare_loop`), each in its own process,
+stopped at its deadline by the workloads' one process-group killer (workloads/procs.kill_group).
 
 What it does, in order, against one deadline (start + --budget-s, at most 480 s):
  1. writes the architecture's config.json for each candidate layer count, and checks
@@ -12,7 +14,7 @@ What it does, in order, against one deadline (start + --budget-s, at most 480 s)
  2. base variant, with --layers auto: the largest layer count of the ladder that
     trains; a count whose training state alone cannot fit the GPU is skipped without
     a try, an OOM retries with the next count (every variant then uses that count);
- 3. the bare loop (gpu_bare_loop.py) with the same layers, micro-batch, sequence
+ 3. the bare loop (bare_loop.py) with the same layers, micro-batch, sequence
     length and step plan;
  4. the other variants, cheapest first: ckpt, compile, compile+ckpt.
 Before each run the remaining runs are re-planned from what the runs so far cost:
@@ -30,12 +32,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
+
+from qualify.workloads.procs import kill_group
 
 MAX_BUDGET_S = 480          # the check must fit one device command of 8 minutes
 RESERVE_S = 12              # kept for writing the summary after the last run
@@ -100,20 +103,9 @@ def run_process(cmd: list[str], *, timeout: float, log_path: str,
                                       timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc, signal.SIGTERM)
-            try:
-                out, _ = proc.communicate(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc, signal.SIGKILL)
-                out, _ = proc.communicate()
+            kill_group(proc, grace_s=KILL_GRACE_S)
+            out, _ = proc.communicate()
     return proc.returncode, out.decode(errors="replace"), time.monotonic() - start, timed_out
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:
@@ -138,7 +130,6 @@ class Check:
         self.deadline = self.t0 + a.budget_s
         self.out = a.out
         self.py = a.python
-        self.scripts = os.path.dirname(os.path.abspath(__file__))
         self.arch = ARCHITECTURES[a.preset]
         self.full_layers = int(self.arch["num_hidden_layers"])
         # Step plans (warm-up, steps, repeats): as asked, about half, minimal; each
@@ -189,7 +180,7 @@ class Check:
     def check_architecture(self, ladder: list[int]) -> dict[str, Any]:
         """Counts per layer count (bare loop, meta device) and the preset cross-check."""
         cfg = self.write_config(self.full_layers)
-        counts_cmd = [self.py, os.path.join(self.scripts, "gpu_bare_loop.py"), "--config", cfg,
+        counts_cmd = [self.py, "-m", "qualify.workloads.gpucheck.bare_loop", "--config", cfg,
                       "--count", "--layers", ",".join(str(n) for n in sorted({*ladder, self.full_layers})),
                       "--seq-len", str(self.a.seq_len)]
         describe_cmd = [self.py, "-m", "qualify.workloads.train", "--describe", self.a.preset,
@@ -209,7 +200,7 @@ class Check:
                     outs.append(b"")
         counts, described = last_json(outs[0].decode()), last_json(outs[1].decode())
         if not counts or counts.get("status") != "passed":
-            raise SystemExit(f"gpu-check: gpu_bare_loop.py --count failed; see {logp}")
+            raise SystemExit(f"gpu-check: the bare loop --count failed; see {logp}")
         if not described:
             raise SystemExit(f"gpu-check: the workload's --describe {self.a.preset} failed; see {logp}")
         mine = counts["layers"][str(self.full_layers)]
@@ -218,7 +209,7 @@ class Check:
                 raise SystemExit(
                     f"gpu-check: ARCHITECTURES[{self.a.preset!r}] is not the workload's preset: "
                     f"{key} {mine[key]} here, {described.get(key)} from --describe; "
-                    "update scripts/gpu_check.py")
+                    "update qualify/workloads/gpucheck/harness.py")
         log(f"architecture {self.a.preset} checked against the workload's preset: "
             f"{described['params_total'] / 1e9:.3f} B parameters, "
             f"{described['model_flops_per_token'] / 1e9:.2f} GFLOP/token at seq {self.a.seq_len}")
@@ -261,7 +252,7 @@ class Check:
     def run_bare(self, layers: int, plan: tuple[int, int, int], timeout: float) -> dict[str, Any]:
         warmup, steps, repeats = plan
         name = f"bare-L{layers}"
-        cmd = [self.py, os.path.join(self.scripts, "gpu_bare_loop.py"),
+        cmd = [self.py, "-m", "qualify.workloads.gpucheck.bare_loop",
                "--config", self.write_config(layers), "--seq-len", str(self.a.seq_len),
                "--micro-batch", str(self.a.micro_batch), "--steps", str(steps),
                "--warmup", str(warmup), "--repeats", str(repeats),

@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 from sqlalchemy.orm import Session
 
-from qualify.cases import expand
+from qualify.manifest.cases import expand
 from qualify.errors import BadInput
 from qualify.gate.checks import ComponentData, ResultData
 from qualify.gate.evaluate import Judgement, evaluate
 from qualify.manifest import ReleaseManifest
-from qualify.manifest_load import ManifestError, policy_sha256
+from qualify.manifest.load import ManifestError, policy_sha256
 from qualify.store import repo
 from qualify.store.models import GateDecision, Run
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from qualify.manifest import ReleaseManifest, Resources, TrainModel, TrainVariant
-from qualify.manifest_load import ManifestError, case_count_problem, merged_infer_settings
+from qualify.manifest.model import ReleaseManifest, Resources, TrainModel, TrainVariant
+from qualify.manifest.load import ManifestError, case_count_problem, merged_infer_settings
 from qualify.workloads import protocol
 from qualify.workloads.merge import deep_merge
 

@@ -1,0 +1,120 @@
+"""A case's attempts, from the Ray task to its stored result: infrastructure failures retried, the result
+spooled to disk before the database is tried, and spooled results of an earlier driver recorded on resume."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from sqlalchemy.exc import OperationalError
+
+from qualify.errors import InfraError
+from qualify.execution import spool
+from qualify.execution.duet import DuetPolicy, duet_choice, fell_back
+from qualify.execution.launches import unpaired
+from qualify.execution.paired import baseline_document, is_paired_case
+from qualify.execution.ray import infeasible_reason, run_case_on_ray
+from qualify.execution.result import CaseRunResult
+from qualify.manifest import fingerprint
+from qualify.manifest.cases import Case
+from qualify.outcomes import CaseOutcome, CaseStatus, ErrorClass
+from qualify.pipeline import RunContext
+from qualify.store import repo
+from qualify.workloads import protocol
+
+
+def pending_cases(ctx: RunContext, log: Callable[[str], None] = lambda _m: None) -> list[Case]:
+    """Cases without a final result (all of them for a new run), after recording what a previous driver of
+    this run spooled to disk but could not write to the database."""
+    for path, result in spool.pending(ctx.data_dir, ctx.run_id):
+        if commit_result(ctx, result, log):
+            log(f"{result.case_id}: recorded the result spooled by an earlier driver ({path})")
+        path.unlink(missing_ok=True)
+    with ctx.sessions() as session:
+        done = repo.final_case_ids(session, ctx.run_id)
+    return [c for c in ctx.cases if c.case_id not in done]
+
+
+def commit_result(ctx: RunContext, result: spool.SpooledResult, log: Callable[[str], None]) -> bool:
+    """Insert one final result (retried while the database is busy); False when one was already there."""
+    case = next(c for c in ctx.cases if c.case_id == result.case_id)
+
+    def write_once() -> bool:
+        with ctx.sessions() as session:
+            try:
+                repo.record_case_result(session, ctx.run_id, case_id=case.case_id, kind=case.kind,
+                                        model=case.model, variant=case.variant, doc=result.doc,
+                                        attempts=result.attempts, queue_wait_s=result.queue_wait_s,
+                                        exec_s=result.exec_s, node=result.node, fingerprint=result.fingerprint)
+                session.commit()
+                return True
+            except repo.DuplicateResult:
+                session.rollback()
+                return False
+
+    return spool.with_retries(write_once, attempts=ctx.db_write_attempts, on_retry=lambda n, exc: log(
+        f"{case.case_id}: database write {n} failed ({type(exc).__name__}); retrying"))
+
+
+CaseRunner = Callable[..., CaseRunResult]
+
+
+def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m: None, *,
+             runner: CaseRunner | None = None,
+             infeasible: Callable[[Any], str | None] | None = None) -> CaseOutcome:
+    """Run one case on Ray, retrying infrastructure failures only, and record the final result at once.
+
+    `runner` and `infeasible` default to the Ray backend; tests pass fakes to exercise the retry loop.
+    """
+    runner = runner or run_case_on_ray
+    infeasible = infeasible or infeasible_reason
+    assert ctx.executor is not None, "obtain_candidate() sets the executor"
+    ctx.progress.start_case()
+    paired_case = is_paired_case(ctx.paired, ctx.manifest, case)
+    attempts = 0
+    retries = ctx.manifest.execution.infra_retries
+    reason = infeasible(case.resources)
+    if reason:
+        out = CaseRunResult.failed(
+            protocol.make_result(case.document(), "error", error_class="infra", error=reason), retryable=False)
+        attempts = 1
+    else:
+        while True:
+            attempts += 1
+            if paired_case and ctx.paired is not None and ctx.paired.executor is not None and case.resources.nodes == 1:
+                choice = duet_choice(ctx.manifest, case, infeasible)  # None unless gate.regression.baseline: duet
+                extra = {"duet": choice} if isinstance(choice, DuetPolicy) else {}
+                out = runner(ctx.executor, case.document(), case.resources, case.timeout_s,
+                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case), **extra)
+                if isinstance(choice, str):
+                    fell_back(out.doc, ctx.paired.label, choice)
+            else:
+                out = runner(ctx.executor, case.document(), case.resources, case.timeout_s)
+            timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
+            retryable = out.retryable or (timed_out and ctx.manifest.execution.retry_timeouts)
+            if not retryable or attempts > retries:
+                break
+            log(f"{case.case_id}: attempt {attempts} ended with {out.doc.get('error_class')} "
+                f"({out.doc.get('error')}); retrying ({attempts}/{retries})")
+    doc = out.doc
+    if paired_case and ctx.paired is not None and "paired" not in (doc.get("environment") or {}):
+        why = ctx.paired.reason or ("a multi-node case is not re-measured in pairs" if case.resources.nodes > 1
+                                    else "the case ran without its baseline")
+        doc = unpaired(doc, ctx.paired.label, why)
+    result = spool.SpooledResult(case_id=case.case_id, doc=doc, attempts=attempts, queue_wait_s=out.queue_wait_s,
+                                 exec_s=out.exec_s, node=out.node,
+                                 fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))
+    spooled = spool.write(ctx.data_dir, ctx.run_id, result)  # on disk before the database is tried
+    try:
+        if not commit_result(ctx, result, log):
+            log(f"{case.case_id}: a result was already recorded; keeping the first")
+    except OperationalError as exc:
+        raise InfraError(f"{case.case_id}: the database refused the result ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}); it is kept in {spooled}: "
+                         f"`qualify run --resume {ctx.run_id}` records it without running the case again") from exc
+    spooled.unlink(missing_ok=True)
+    outcome = CaseOutcome(case_id=case.case_id, status=CaseStatus(doc.get("status")),
+                          error_class=ErrorClass(doc["error_class"]) if doc.get("error_class") else None,
+                          error=doc.get("error"), attempts=attempts, exec_s=out.exec_s,
+                          queue_wait_s=out.queue_wait_s, node=out.node, gpu_ids=tuple(out.gpu_ids))
+    ctx.progress.finish_case(outcome.passed)
+    return outcome

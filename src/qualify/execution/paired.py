@@ -1,0 +1,95 @@
+"""Paired cases (gate.regression.baseline: paired): the previous release re-measured beside the candidate.
+
+The driver finds the previous release's image (or, with the local executor, an interpreter whose package
+set has its digest): `find_paired_baseline`. The case's one Ray task then runs the candidate's and the
+baseline's launches interleaved on one node (`execution.launches.run_paired`), and the candidate's merged
+document carries the baseline side, which the gate judges pair by pair.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from qualify.build import BuildError, BuildResult
+from qualify.executors import Executor, LocalExecutor
+from qualify.manifest import ReleaseManifest
+from qualify.manifest.cases import Case
+from qualify.store import repo
+
+# --------------------------------------------------------------------------- the baseline side, found on the driver
+
+
+@dataclass(frozen=True)
+class PairedBaseline:
+    """The previous release's image (or environment) that paired cases re-measure beside the candidate;
+    executor None when it cannot be had, with the reason (the gate then says INCOMPLETE for those cases)."""
+
+    executor: Executor | None
+    label: str | None
+    reason: str | None = None
+
+
+def find_paired_baseline(sessions: sessionmaker[Session], manifest: ReleaseManifest,
+                         build: BuildResult | None) -> PairedBaseline:
+    """Find the previous release's image: the digest of its baseline run (the newest run whose latest
+    decision is PASS). Container executor: that image by digest. Local executor: an interpreter on this
+    machine whose environment has exactly that digest (the local builder's digest is its package set),
+    else pairing is refused with the reason."""
+    info = manifest.release
+    if not info.previous_tag:
+        return PairedBaseline(None, None, "no previous release named (release.previous_tag)")
+    with sessions() as session:
+        base_run = repo.baseline_run(session, info.repository, info.previous_tag)
+        if base_run is None or base_run.image is None:
+            return PairedBaseline(None, f"{info.repository}:{info.previous_tag}",
+                                  f"the previous release {info.previous_tag} has no run whose latest decision is "
+                                  "PASS: no image to re-measure")
+        digest, repository = base_run.image.digest, base_run.image.repository
+        label = f"{repository}:{info.previous_tag}@{digest}"
+        stored_python = _stored_build_python(base_run)
+    if manifest.execution.executor == "container":
+        from qualify.executors.container import ContainerExecutor
+
+        return PairedBaseline(ContainerExecutor.from_manifest(manifest, f"{repository}@{digest}"), label)
+    from qualify.build.local import environment_digest
+
+    tried: list[str] = []
+    for python in dict.fromkeys(p for p in (stored_python, build.python if build else None) if p):
+        tried.append(python)
+        try:
+            if environment_digest(python)[0] == digest:
+                return PairedBaseline(LocalExecutor(python=python), f"{label} (local interpreter {python})")
+        except BuildError:
+            continue
+    return PairedBaseline(None, label, f"the previous release's environment ({digest[:19]}…) is not on this "
+                                       f"machine: no interpreter with that package set (tried {', '.join(tried)})")
+
+
+def _stored_build_python(run: Any) -> str | None:
+    """The interpreter a local-builder run used, from its stored manifest (build.python, else the driver's)."""
+    try:
+        loaded = repo.run_manifest(run)
+    except Exception:  # noqa: BLE001 - an old manifest that no longer validates: no interpreter known
+        return None
+    python = loaded.release.build.python
+    if python and not Path(python).is_absolute() and run.manifest_path:
+        python = str((Path(run.manifest_path).resolve().parent / python).resolve())
+    return python or sys.executable
+
+
+def baseline_document(case: Case) -> dict[str, Any]:
+    """The case as the baseline side runs it: the same document, without the tests' slowdown switch
+    (params.slowdown stands for a slower candidate, never for a slower baseline)."""
+    doc = case.document()
+    doc["params"] = {k: v for k, v in doc["params"].items() if k != "slowdown"}
+    return doc
+
+
+def is_paired_case(paired: PairedBaseline | None, manifest: ReleaseManifest, case: Case) -> bool:
+    """Whether this case is judged against a paired baseline (its kind has regression metrics)."""
+    return paired is not None and bool(manifest.gate.regression.metrics_for(case.kind))
