@@ -204,3 +204,68 @@ def test_the_gate_judges_a_duet_case() -> None:
                                        "duet": {"mode": "paired", "reason": "no node can hold both sides"}})
     [paired] = judge(fallback)
     assert paired.status == "FAIL" and "no node can hold both sides" in paired.message
+
+
+# --------------------------------------------------------------------------- the case's attempts (driver)
+
+
+def _duet_ctx(tmp_path):  # type: ignore[no-untyped-def]
+    from support.flows import sleep_manifest
+
+    from qualify import pipeline
+    from qualify.execution.paired import PairedBaseline
+    from qualify.executors import LocalExecutor
+    from qualify.store.engine import open_database
+
+    _, sessions = open_database(f"sqlite:///{tmp_path / 'q.db'}")
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "steps", "kind": "synthetic",
+                                                     "params": {"samples": {}, "steps": 3}}],
+                              extra={"gate": {"regression": {"baseline": "duet"}}})
+    ctx = pipeline.open_run(sessions, manifest)
+    ctx.executor = LocalExecutor()
+    ctx.paired = PairedBaseline(LocalExecutor(), "prev@sha256:x")
+    return ctx
+
+
+class Recorder:
+    """Stands in for the Ray backend: records what it was asked (duet or paired) and answers a passed case."""
+
+    def __init__(self) -> None:
+        self.kwargs: list[dict[str, Any]] = []
+
+    def __call__(self, executor, case_doc, resources, timeout_s, **kwargs):  # type: ignore[no-untyped-def]
+        from qualify.execution.result import CaseRunResult
+        from qualify.workloads import protocol
+
+        self.kwargs.append(kwargs)
+        doc = protocol.make_result(case_doc, "passed", metrics={"tokens_per_s": 1.0})
+        doc["environment"]["paired"] = {"baseline": "prev", "order": [], "reason": None, "pairs": 3}
+        return CaseRunResult(doc=doc, exit_code=0, exec_s=0.1, queue_wait_s=0.0, node="fake", node_id="n")
+
+
+def test_a_duet_run_sends_the_case_in_duet_when_a_node_holds_both_sides(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from qualify.execution import attempts
+
+    ctx = _duet_ctx(tmp_path)
+    runner = Recorder()
+    attempts.run_case(ctx, ctx.cases[0], runner=runner, infeasible=lambda r: None)
+    [kwargs] = runner.kwargs
+    assert isinstance(kwargs["duet"], duet.DuetPolicy) and kwargs["duet"].max_pairs == 8
+    assert kwargs["baseline"] is ctx.paired.executor
+
+
+def test_a_duet_run_measures_paired_with_the_reason_when_no_node_holds_both_sides(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from qualify.execution import attempts
+    from support.flows import results
+
+    ctx = _duet_ctx(tmp_path)
+    runner = Recorder()
+    # The case fits a node (1 CPU), both sides do not (2 CPUs).
+    outcome = attempts.run_case(ctx, ctx.cases[0], runner=runner,
+                                infeasible=lambda r: None if r.cpus <= 1 else f"it needs CPU={r.cpus:g}")
+    [kwargs] = runner.kwargs
+    assert "duet" not in kwargs and kwargs["baseline"] is ctx.paired.executor  # paired
+    assert outcome.passed
+    stored = results(f"sqlite:///{tmp_path / 'q.db'}", ctx.run_id)[ctx.cases[0].case_id]["environment"]
+    assert stored["duet"]["mode"] == "paired"
+    assert "no node can hold both sides (it needs CPU=2)" in stored["duet"]["reason"]

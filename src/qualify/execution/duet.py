@@ -173,16 +173,21 @@ def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[l
         return [], f"a side reported no {STEP_SERIES}"
     if len(c) != len(b):
         return [], f"the sides ran {len(c)} and {len(b)} timed steps"
-    alone = [((d.get("environment") or {}).get("duet") or {}).get("alone_from_step") for d in (cand, base)]
+    alone = [_side_report(d).get("alone_from_step") for d in (cand, base)]
     stop = min([a for a in alone if isinstance(a, int)], default=len(c))
     ratios = [math.log(x / y) for x, y in zip(c[:stop], b[:stop]) if x > 0 and y > 0]
     return ratios, (None if ratios else "no timed step ran with both sides together")
 
 
+def _side_report(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What a side's workload reported of its duet launch (workloads/duet.StepBarrier.report)."""
+    return (doc.get("environment") or {}).get("duet") or {}
+
+
 def step_skew(cand: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
     """The largest gap between the two sides' starts of the same step (seconds): the synchronisation achieved."""
-    a = ((cand.get("environment") or {}).get("duet") or {}).get("step_starts") or []
-    b = ((base.get("environment") or {}).get("duet") or {}).get("step_starts") or []
+    a = _side_report(cand).get("step_starts") or []
+    b = _side_report(base).get("step_starts") or []
     gaps = [abs(x - y) for x, y in zip(a, b)]
     return max(gaps) if gaps else None
 
@@ -226,6 +231,9 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
                       "baseline_cpus": list(plan.cpus[1 - cs]), "candidate_gpus": list(plan.gpus[cs]),
                       "baseline_gpus": list(plan.gpus[1 - cs]), "steps": len(pr), "problem": why,
                       "step_start_skew_s": step_skew(run.cand[0], bdoc),
+                      # the cpu sets the two processes ran on, as each read its own affinity back after pinning
+                      "candidate_affinity": _side_report(run.cand[0]).get("affinity"),
+                      "baseline_affinity": _side_report(bdoc).get("affinity"),
                       "median_log_ratio": statistics.median(pr) if pr else None})
         if pr:
             ratios += pr

@@ -134,7 +134,8 @@ class StepBarrier:
 
     def report(self) -> dict[str, Any]:
         """What the result's environment records of this side."""
-        return {"side": self.spec.side, "cpus": list(self.spec.cpus), "steps": len(self.step_starts),
+        return {"side": self.spec.side, "cpus": list(self.spec.cpus), "affinity": sorted(os.sched_getaffinity(0)),
+                "steps": len(self.step_starts),
                 "step_starts": list(self.step_starts), "alone_from_step": self.alone_from,
                 "alone_reason": self.alone_reason,
                 "wait_s_median": sorted(self.waits_s)[len(self.waits_s) // 2] if self.waits_s else None}
