@@ -269,3 +269,14 @@ def test_a_duet_run_measures_paired_with_the_reason_when_no_node_holds_both_side
     stored = results(f"sqlite:///{tmp_path / 'q.db'}", ctx.run_id)[ctx.cases[0].case_id]["environment"]
     assert stored["duet"]["mode"] == "paired"
     assert "no node can hold both sides (it needs CPU=2)" in stored["duet"]["reason"]
+
+
+def test_concurrent_duets_on_one_node_claim_different_cores(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Ray assigns no cores: two duet tasks on a node must not pin their sides to the same ones.
+    with duet.CoreClaim(range(8), 4, str(tmp_path)) as first:
+        with duet.CoreClaim(range(8), 4, str(tmp_path)) as second:
+            assert first.cores == [0, 1, 2, 3] and second.cores == [4, 5, 6, 7]
+            with duet.CoreClaim(range(8), 2, str(tmp_path)) as third:
+                assert third.cores == [] and third.busy == 8
+    with duet.CoreClaim(range(8), 4, str(tmp_path)) as again:  # released when a claim ends
+        assert again.cores == [0, 1, 2, 3]

@@ -300,15 +300,58 @@ def measure(executor: Any, baseline: Any, case_doc: dict[str, Any], baseline_doc
             return outcome.doc, outcome.exec_s
         return one_launch
 
-    plan = plan_sides(available_cpus() if cpus is None else cpus, cpus_per_side, gpu_ids, gpus_per_side)
-    if isinstance(plan, str):
-        cand, base = side(executor, True), side(baseline, False)
-        merged = launches.run_paired(case_doc, baseline_doc, lambda d: cand(d, gpu_ids), lambda d: base(d, gpu_ids),
-                                     label)
-        return fell_back(merged, label, f"{plan}; measured paired"), outcomes
-    merged = run_duet(case_doc, baseline_doc, plan, side(executor, True), side(baseline, False), label=label,
-                      timeout_s=timeout_s, policy=policy)
+    need = 2 * max(1, math.ceil(cpus_per_side))
+    with CoreClaim(available_cpus() if cpus is None else cpus, need) as claimed:
+        plan = plan_sides(claimed.cores, cpus_per_side, gpu_ids, gpus_per_side)
+        if isinstance(plan, str):
+            if claimed.busy:
+                plan += f" ({claimed.busy} more held by other duet cases on this node)"
+            cand, base = side(executor, True), side(baseline, False)
+            merged = launches.run_paired(case_doc, baseline_doc, lambda d: cand(d, gpu_ids),
+                                         lambda d: base(d, gpu_ids), label)
+            return fell_back(merged, label, f"{plan}; measured paired"), outcomes
+        merged = run_duet(case_doc, baseline_doc, plan, side(executor, True), side(baseline, False), label=label,
+                          timeout_s=timeout_s, policy=policy)
     return merged, outcomes
+
+
+class CoreClaim:
+    """The cores this duet pins its two sides to, claimed on the node for as long as it runs.
+
+    Ray counts CPUs but assigns no cores, so two duet cases on one node would otherwise both take the first
+    cores. Each core is claimed by an exclusive flock on a node-local file (`<tmp>/qualify-duet-cores/<n>`):
+    the kernel releases it when the holder ends, however it ends, so a crashed worker never leaks a core.
+    """
+
+    def __init__(self, available: Sequence[int], need: int, directory: str | None = None) -> None:
+        self.available, self.need = sorted(available), need
+        self.directory = directory or os.path.join(tempfile.gettempdir(), "qualify-duet-cores")
+        self.cores: list[int] = []
+        self.busy = 0
+        self._fds: list[int] = []
+
+    def __enter__(self) -> "CoreClaim":
+        import fcntl
+
+        os.makedirs(self.directory, exist_ok=True)
+        for core in self.available:
+            if len(self.cores) == self.need:
+                break
+            fd = os.open(os.path.join(self.directory, str(core)), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                self.busy += 1
+                continue
+            self._fds.append(fd)
+            self.cores.append(core)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        for fd in self._fds:
+            os.close(fd)  # closing releases the flock
+        self._fds.clear()
 
 
 def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc: Mapping[str, Any],
