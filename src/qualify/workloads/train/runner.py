@@ -363,7 +363,7 @@ class ExtraWork:
             t0 = time.perf_counter()
             work.run()
             times.append(time.perf_counter() - t0)
-        work.unit_s = sorted(times)[len(times) // 2]
+        work.unit_s = min(times)
         work.units = max(1, round(fraction * step_s / work.unit_s)) if work.unit_s > 0 else 1
         return work
 
@@ -419,10 +419,13 @@ class _Evidence:
 
 
 def _warm_step_cost(step: "_Stepper", warm_times: list[float]) -> float:
-    """A step's cost for sizing params.slowdown: the warm-up steps after the first (which compiles), else one
-    more untimed step."""
-    settled = warm_times[1:] or [step()]
-    return sorted(settled)[len(settled) // 2]
+    """A step's cost for sizing params.slowdown: the fastest of three settled steps (the warm-up steps after the
+    first, which compiles, topped up with untimed steps): the least disturbed by a neighbour, as the matmul's
+    unit cost is (ExtraWork.calibrated), so that the extra work is the asked fraction of the same machine state."""
+    settled = warm_times[1:4]
+    while len(settled) < 3:
+        settled.append(step())
+    return min(settled)
 
 
 def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrier: Any = None) -> dict[str, Any]:
