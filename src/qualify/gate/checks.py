@@ -459,8 +459,8 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                           results: Mapping[str, ResultData]) -> list[Reason]:
     """gate.regression.baseline: duet -- each case's per-step log ratios against the previous release run at the
     same time (execution.duet), launch pairs as blocks, side bias removed (gate/duet_stats). PASS when the worst end
-    of the interval is within max_regression, FAIL when a regression beyond it is shown, else INCOMPLETE (the
-    run already sampled up to its budget). A case measured paired instead (no node for both sides, no duet hook)
+    of the interval is within max_regression, FAIL when its best end is beyond it, else INCOMPLETE (the run
+    already sampled up to its budget). A case measured paired instead (no node for both sides, no duet hook)
     is judged pair by pair, with the reason said."""
     reg = policy.regression
     reasons: list[Reason] = []
@@ -491,7 +491,7 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                 continue
             side = (f"side bias {_pct(interval.side_bias or 0.0)} [{_pct(interval.side_bias_lower or 0.0)}, "
                     f"{_pct(interval.side_bias_upper or 0.0)}] removed")
-            text = (f"{metric} duet: step time {_pct(interval.estimate)} [{_pct(interval.lower)}, "
+            text = (f"{metric} duet: change {_pct(interval.estimate)} [worst {_pct(interval.lower)}, best "
                     f"{_pct(interval.upper)}] ({interval.confidence:.0%}, {interval.n} launch pairs, "
                     f"{interval.steps} synchronized steps; {side})")
             if call == duet_stats.DuetCall.PASS:

@@ -31,8 +31,9 @@ cannot see. The t interval on block summaries keeps its level for normal block e
 must be.
 
 The interval is two-sided at 1 - 2*alpha, so that each end is a one-sided bound at level 1 - alpha: the form
-the non-inferiority rule takes (estimate, lower, upper, n, design="duet"), as relative changes of the
-candidate's step time (positive = worse; for a throughput metric the candidate's throughput fell by that).
+the non-inferiority rule takes (estimate, lower, upper, n, design="duet"), on its scale: the candidate's
+throughput change (the rate of a step, 1 / step time), negative = worse; lower is the worst end. log_estimate
+and log_se (with df) give the bounds at any other level (the rule's alpha spending over looks).
 """
 
 from __future__ import annotations
@@ -64,11 +65,13 @@ class DuetBlock:
 class DuetInterval:
     """The candidate's relative change (positive = worse) with its interval; what the decision rule takes."""
 
-    estimate: float
-    lower: float
-    upper: float
+    estimate: float  # the candidate's throughput change (a step's rate), negative = worse: exp(-delta) - 1
+    lower: float  # the worst end (a one-sided bound at 1 - alpha)
+    upper: float  # the best end
     n: int  # launch pairs (blocks), the unit of replication
     design: str  # "duet"
+    log_estimate: float  # -delta: the log ratio in the better direction
+    log_se: float  # its standard error (df below): the rule may take bounds at another level from these
     confidence: float
     steps: int  # per-step observations, for the record: never the sample size
     side_bias: float | None  # side 0 vs side 1 (relative change of a step on side 0's resources), the A/A bias
@@ -108,25 +111,28 @@ def duet_interval(blocks: Sequence[DuetBlock], *, alpha: float = RECOMMENDED_ALP
     se = math.sqrt(var / 4 * (1 / len(side0) + 1 / len(side1)))  # the same for delta and beta
     q = _t_quantile(1 - alpha, df)
     rel = math.expm1
+    better = -delta  # the throughput's log change, positive = the candidate better (the rule's scale)
     return DuetInterval(
-        estimate=rel(delta), lower=rel(delta - q * se), upper=rel(delta + q * se), n=n, design="duet",
+        estimate=rel(better), lower=rel(better - q * se), upper=rel(better + q * se), n=n, design="duet",
+        log_estimate=better, log_se=se,
         confidence=1 - 2 * alpha, steps=sum(len(b.log_ratios) for b in usable),
         side_bias=rel(beta), side_bias_lower=rel(beta - q * se), side_bias_upper=rel(beta + q * se),
         df=df, method="random-intercept model per launch pair, side as fixed effect (t on pair medians)")
 
 
 class DuetCall(enum.StrEnum):
-    PASS = "PASS"  # the worst end of the interval is within max_regression
-    FAIL = "FAIL"  # a regression is shown (the interval excludes no change) and its estimate is beyond the tolerance
+    PASS = "PASS"  # non-inferiority shown: the worst end is within max_regression
+    FAIL = "FAIL"  # a regression beyond max_regression shown: the best end is beyond it
     UNDECIDED = "UNDECIDED"  # neither: more launch pairs, up to the budget; then INCOMPLETE, never PASS
 
 
 def decide(interval: DuetInterval | None, max_regression: float = RECOMMENDED_MAX_REGRESSION) -> DuetCall:
-    """The non-inferiority call on a duet interval (a thin adapter; the gate's shared rule may replace it)."""
+    """The non-inferiority call on a duet interval, the rule of the gate's other modes (a change of
+    -max_regression is the margin): PASS when the worst end is within it, FAIL when the best end is beyond it."""
     if interval is None:
         return DuetCall.UNDECIDED
-    if interval.upper <= max_regression:
+    if interval.lower >= -max_regression:
         return DuetCall.PASS
-    if interval.lower > 0 and interval.estimate > max_regression:
+    if interval.upper < -max_regression:
         return DuetCall.FAIL
     return DuetCall.UNDECIDED
