@@ -240,7 +240,7 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
         time.sleep(5)
     ctx.build = build
     ctx.executor = make_executor(ctx, build)
-    if ctx.manifest.gate.regression.baseline == "paired" and ctx.manifest.gate.regression.enabled:
+    if ctx.manifest.gate.regression.baseline in ("paired", "duet") and ctx.manifest.gate.regression.enabled:
         ctx.paired = find_paired_baseline(ctx.sessions, ctx.manifest, build)
     return build
 

@@ -252,3 +252,46 @@ def test_case_timeout_is_a_timeout_document(train_env, tmp_path):
     assert protocol.validate_result(doc) == []
     assert (doc["status"], doc["error_class"]) == ("error", "timeout")
     assert doc["duration_s"] < 30
+
+
+@pytest.mark.slow
+def test_slowdown_is_extra_matmuls_sized_to_the_step(run_case):
+    doc = run_case({**QUICK, "slowdown": 0.5}, case_id="train/tiny-llama/slowed")
+    assert doc["status"] == "passed", doc["error"]
+    env = doc["environment"]
+    # Real compute, sized once from the settled steps' cost: never a sleep.
+    assert env["slowdown"] == 0.5 and env["slowdown_units"] >= 1 and env["slowdown_unit_s"] > 0
+    assert "matmul" in env["slowdown_work"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a duet needs two cores")
+def test_a_training_duet_pins_each_side_and_starts_each_step_together(train_env, tmp_path):
+    from qualify.workloads import duet
+
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    duet.make_barrier_dir(str(barrier))
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    procs = []
+    for side in (0, 1):
+        case = protocol.make_case("train/tiny-llama/duet", "train", {**QUICK, "steps": 4})
+        case["duet"] = {"dir": str(barrier), "side": side, "cpus": [cores[side]], "timeout_s": 300}
+        path = tmp_path / f"case{side}.json"
+        path.write_text(json.dumps(case))
+        procs.append(subprocess.Popen([sys.executable, "-m", "qualify.workloads.train", "--case", str(path)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                      env=train_env))
+    docs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        docs.append(json.loads(out.strip().splitlines()[-1]))
+    for side, doc in enumerate(docs):
+        assert doc["status"] == "passed", doc["error"]
+        report = doc["environment"]["duet"]
+        assert report["side"] == side and report["affinity"] == [cores[side]] and doc["environment"]["threads"] == 1
+        assert report["steps"] == 8 and report["alone_from_step"] is None  # 2 repeats x 4 timed steps
+    gaps = [abs(a - b) for a, b in zip(docs[0]["environment"]["duet"]["step_starts"],
+                                       docs[1]["environment"]["duet"]["step_starts"])]
+    assert max(gaps) < 0.25, gaps  # step k started together (a tiny-llama step is ~0.1-1 s here)

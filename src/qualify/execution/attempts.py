@@ -9,6 +9,7 @@ from sqlalchemy.exc import OperationalError
 
 from qualify.errors import InfraError
 from qualify.execution import spool
+from qualify.execution.duet import DuetPolicy, duet_choice, fell_back
 from qualify.execution.launches import unpaired
 from qualify.execution.paired import baseline_document, is_paired_case
 from qualify.execution.ray import infeasible_reason, run_case_on_ray
@@ -91,8 +92,12 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         while True:
             attempts += 1
             if paired_case and ctx.paired is not None and ctx.paired.executor is not None and case.resources.nodes == 1:
+                choice = duet_choice(ctx.manifest, case, infeasible)  # None unless gate.regression.baseline: duet
+                extra = {"duet": choice} if isinstance(choice, DuetPolicy) else {}
                 out = runner(ctx.executor, case_doc, case.resources, case.timeout_s,
-                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case))
+                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case), **extra)
+                if isinstance(choice, str):
+                    fell_back(out.doc, ctx.paired.label, choice)
             else:
                 out = runner(ctx.executor, case_doc, case.resources, case.timeout_s)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT

@@ -172,6 +172,22 @@ def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[s
     return _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
 
 
+@ray.remote
+def execute_duet_case(executor: Executor, baseline: Executor, case_doc: dict[str, Any], baseline_doc: dict[str, Any],
+                      per_side: Resources, timeout_s: float, submitted_at: float, policy: Any) -> CaseRunResult:
+    """A duet case (gate.regression.baseline: duet, execution.duet): this task holds both sides' resources; the
+    candidate's and the previous release's launches run at the same time, each on its own cores and GPUs."""
+    from qualify.execution import duet
+
+    started = time.time()
+    context = ray.get_runtime_context()
+    gpu_ids = gpu_ids_of(context)
+    merged, outcomes = duet.measure(executor, baseline, case_doc, baseline_doc, cpus_per_side=per_side.cpus,
+                                    gpus_per_side=per_side.gpus, gpu_ids=gpu_ids, timeout_s=timeout_s,
+                                    policy=policy)
+    return _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+
+
 def _task_result(merged: dict[str, Any], outcomes: list[Any], queue_wait_s: float, context: Any,
                  gpu_ids: list[str]) -> CaseRunResult:
     """The Ray task's answer: the merged document, the candidate's launches' time, the last launch's exit."""
@@ -202,18 +218,24 @@ def _multinode_launches(executor: Executor, case_doc: dict[str, Any], resources:
 
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
                     timeout_s: float, *, baseline: Executor | None = None,
-                    baseline_doc: dict[str, Any] | None = None) -> CaseRunResult:
+                    baseline_doc: dict[str, Any] | None = None, duet: Any = None) -> CaseRunResult:
     """Submit one case (its launches, qualify.launches) and wait for it; a lost worker or node becomes an
     `infra` result, not an exception. With a baseline executor the case is paired (execute_paired_case).
 
     `nodes > 1`: each launch is one execution.multinode launch over N nodes (its own placement group), the launches
-    one after the other from here (pairing is refused for such a case: the pipeline never asks it).
+    one after the other from here (pairing is refused for such a case: the pipeline never asks it). With a
+    baseline and a duet policy the case runs in duet (execution.duet), in one task holding both sides.
     """
     if resources.nodes > 1:
         return _multinode_launches(executor, case_doc, resources, timeout_s)
     submitted = time.time()
     options = ray_options(resources)
-    if baseline is not None:
+    if baseline is not None and duet is not None:  # duet: an execution.duet.DuetPolicy; the task holds both sides
+        from qualify.execution.duet import doubled
+
+        ref = execute_duet_case.options(**ray_options(doubled(resources))).remote(
+            executor, baseline, case_doc, baseline_doc or case_doc, resources, timeout_s, submitted, duet)
+    elif baseline is not None:
         ref = execute_paired_case.options(**options).remote(executor, baseline, case_doc,
                                                             baseline_doc or case_doc, timeout_s, submitted)
     else:

@@ -19,8 +19,8 @@ from qualify import metrics as metric_info
 from qualify.gate import agreement as agreement_stats
 from qualify.manifest.cases import Case
 from qualify.manifest.fingerprint import differences as fingerprint_differences
+from qualify.gate import duet_stats, stats
 from qualify.gate import noninferiority as ni
-from qualify.gate import stats
 from qualify.gate.calibration import lookup as calibration_lookup
 from qualify.manifest import WAIVABLE_CHECKS, WAIVABLE_FAMILIES, Component, GatePolicy, Waiver
 from qualify.outcomes import CheckStatus
@@ -496,6 +496,8 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
         return [Reason("regression", None, PASS, "regression check disabled by the policy")]
     if reg.baseline == "paired":
         return check_paired_regression(policy, cases, results)
+    if reg.baseline == "duet":
+        return check_duet_regression(policy, cases, results)
     named = (baseline is not None or bool(baseline_label)) if previous_named is None else previous_named
     unusable = NO_BASELINE if reg.baseline == "optional" else INCOMPLETE
     suffix = " (gate.regression.baseline: optional)" if reg.baseline == "optional" else ""
@@ -565,6 +567,58 @@ def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
                        "order": paired.get("order") if paired else None, "candidate": cand, "baseline_samples": base}
             reasons.append(Reason("regression", case.case_id, _regression_status(cmp),
                                   f"{metric} {cmp.message}{_launch_note(result)}", figures))
+    return reasons
+
+
+def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
+                          results: Mapping[str, ResultData]) -> list[Reason]:
+    """gate.regression.baseline: duet -- each case's per-step log ratios against the previous release run at the
+    same time (execution.duet), launch pairs as blocks, side bias removed (gate/duet_stats). PASS when the worst end
+    of the interval is within max_regression, FAIL when its best end is beyond it, else INCOMPLETE (the run
+    already sampled up to its budget). A case measured paired instead (no node for both sides, no duet hook)
+    is judged pair by pair, with the reason said."""
+    reg = policy.regression
+    reasons: list[Reason] = []
+    for case in cases:
+        result = results.get(case.case_id)
+        if result is None or result.status != "passed":
+            continue  # a missing or failed case is the completeness check's
+        env = result.environment if isinstance(result.environment, Mapping) else {}
+        record = env.get("duet") if isinstance(env.get("duet"), Mapping) else {}
+        blocks = [duet_stats.DuetBlock(side, tuple(ratios))
+                  for side, ratios in result_document.duet_pairs(result.samples)]
+        if not blocks:
+            fallback = record.get("reason") or "the case was not measured in duet"
+            for reason in check_paired_regression(policy, [case], {case.case_id: result}):
+                reasons.append(Reason(reason.check, reason.case_id, reason.status,
+                                      f"{reason.message} (duet: {fallback})", reason.figures))
+            continue
+        interval = duet_stats.duet_interval(blocks, alpha=reg.alpha)
+        call = duet_stats.decide(interval, reg.max_regression)
+        for metric in reg.metrics_for(case.kind):
+            figures: dict[str, Any] = {"metric": metric, "baseline": record.get("baseline"),
+                                       "pairs": len(blocks), "call": call.value,
+                                       **(interval.figures() if interval else {})}
+            if interval is None:
+                reasons.append(Reason("regression", case.case_id, INCOMPLETE,
+                                      f"{metric}: duet: {len(blocks)} launch pairs cannot give an interval (at least "
+                                      f"{duet_stats.MIN_PAIRS}, with the candidate on each side)", figures))
+                continue
+            side = (f"side bias {_pct(interval.side_bias or 0.0)} [{_pct(interval.side_bias_lower or 0.0)}, "
+                    f"{_pct(interval.side_bias_upper or 0.0)}] removed")
+            text = (f"{metric} duet: change {_pct(interval.estimate)} [worst {_pct(interval.lower)}, best "
+                    f"{_pct(interval.upper)}] ({interval.confidence:.0%}, {interval.n} launch pairs, "
+                    f"{interval.steps} synchronized steps; {side})")
+            if call == duet_stats.DuetCall.PASS:
+                reasons.append(Reason("regression", case.case_id, PASS,
+                                      f"{text}: within the {reg.max_regression:.0%} tolerance", figures))
+            elif call == duet_stats.DuetCall.FAIL:
+                reasons.append(Reason("regression", case.case_id, FAIL,
+                                      f"{text}: regression beyond {reg.max_regression:.0%}", figures))
+            else:
+                reasons.append(Reason("regression", case.case_id, INCOMPLETE,
+                                      f"{text}: undecided after {interval.n} launch pairs (the budget): neither "
+                                      f"within {reg.max_regression:.0%} nor a regression shown", figures))
     return reasons
 
 

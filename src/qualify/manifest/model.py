@@ -704,8 +704,9 @@ class RegressionPolicy(Strict):
         "train": "tokens_per_s", "infer": "output_tokens_per_s", "sleep": "wall_s", "synthetic": "tokens_per_s"})
     # history: compare with the previous release's stored results, which must exist when previous_tag is
     # set (a missing or unusable baseline is INCOMPLETE); optional: the same, but a missing baseline is
-    # only reported (a first release); paired: re-measure the previous image beside the candidate.
-    baseline: Literal["history", "optional", "paired"] = "history"
+    # only reported (a first release); paired: re-measure the previous image beside the candidate; duet: run the
+    # previous image at the same time as the candidate, each on its own cores, step by step (execution.duet).
+    baseline: Literal["history", "optional", "paired", "duet"] = "history"
 
     def metrics_for(self, kind: str) -> list[str]:
         named = self.metrics.get(kind) or []

@@ -12,6 +12,11 @@ params:
                                       rate, `*_per_s*`) is divided by 1 + f, a time (`*_s`, `*_s_p90`)
                                       multiplied by it, anything else left alone. A slower candidate on
                                       demand (the baseline side of a paired case never gets it)
+  steps: n                            also run n timed steps of real work (pure-Python arithmetic, `step_work`
+                                      iterations a step, default 200000; with slowdown f, (1 + f) times that
+                                      work): samples step_time_s, metric steps_per_s. With a duet section in
+                                      the case (gate.regression.baseline: duet) the process is pinned to its
+                                      cpu set and both sides start each step together (workloads/duet.py).
   fail: <error class>                 report a failed result of that class (e.g. low_agreement, nan_loss)
   signal: SEGV                        die by that signal (a crash the executor must classify)
   after_result: SEGV | <int>          print the (passed) document, then die by that signal or exit with that
@@ -26,9 +31,10 @@ import re
 import signal
 import statistics
 import sys
+import time
 from typing import Any
 
-from qualify.workloads import protocol
+from qualify.workloads import duet, protocol
 
 
 def _slowed(metric: str, value: float, slowdown: float) -> float:
@@ -84,13 +90,54 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
         raise protocol.BadCase(f"params.slowdown: a fraction in [0, 10), got {slowdown!r}")
     series = {name: [_slowed(name, float(x), slowdown) for x in values] for name, values in samples.items()}
     metrics = {name: statistics.median(values) for name, values in series.items()}
+    environment = protocol.environment_base()
+    if params.get("steps") is not None:
+        step_times, duet_env = _timed_steps(case, params, slowdown)
+        series["step_time_s"] = step_times
+        metrics["steps_per_s"] = 1.0 / statistics.median(step_times)
+        metrics["step_time_s_median"] = statistics.median(step_times)
+        if duet_env:
+            environment["duet"] = duet_env
     if params.get("fail"):
         error_class = str(params["fail"])
         if error_class not in protocol.ERROR_CLASSES:
             raise protocol.BadCase(f"params.fail: {error_class!r} is not one of {protocol.ERROR_CLASSES}")
         return {"status": "failed", "error_class": error_class, "error": f"asked to fail as {error_class}",
-                "metrics": metrics, "samples": series, "environment": protocol.environment_base()}
-    return {"status": "passed", "metrics": metrics, "samples": series, "environment": protocol.environment_base()}
+                "metrics": metrics, "samples": series, "environment": environment}
+    return {"status": "passed", "metrics": metrics, "samples": series, "environment": environment}
+
+
+def _work(iterations: int) -> float:
+    """One unit of real CPU work (no sleep): a pure-Python arithmetic loop."""
+    acc = 0.0
+    for i in range(iterations):
+        acc += (i % 7) * 0.5
+    return acc
+
+
+def _timed_steps(case: dict[str, Any], params: dict[str, Any], slowdown: float) -> tuple[list[float], dict | None]:
+    steps, work = params.get("steps"), params.get("step_work", 200_000)
+    for name, value in (("steps", steps), ("step_work", work)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise protocol.BadCase(f"params.{name}: a positive integer, got {value!r}")
+    try:
+        barrier = duet.enter(case)
+    except (ValueError, OSError) as exc:
+        raise protocol.BadCase(f"duet: {exc}") from None
+    iterations = int(round(work * (1 + slowdown)))
+    times: list[float] = []
+    try:
+        _work(iterations)  # warm-up, untimed
+        for _ in range(steps):
+            if barrier is not None:
+                barrier.wait()
+            start = time.perf_counter()
+            _work(iterations)
+            times.append(time.perf_counter() - start)
+    finally:
+        if barrier is not None:
+            barrier.close()
+    return times, (barrier.report() if barrier is not None else None)
 
 
 if __name__ == "__main__":

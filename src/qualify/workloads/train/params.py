@@ -61,8 +61,8 @@ class TrainParams:
     inject: dict[str, Any] = field(default_factory=dict)
     lr: float = 3e-4
     attn_implementation: str = "sdpa"
-    # Tests and benchmarks only: each timed step made slower by this fraction (a sleep inside the step),
-    # so that a real regression of known size can be produced on demand.
+    # Tests and benchmarks only: each step does this fraction of its measured cost in extra matmuls (real
+    # compute, never a sleep: runner.ExtraWork), so that a real regression of known size is produced on demand.
     slowdown: float = 0.0
     explicit: frozenset[str] = frozenset()
 

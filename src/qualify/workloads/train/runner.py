@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from qualify.workloads import protocol
+from qualify.workloads import duet, protocol
 from qualify.workloads.settings import WorkloadSettings
 from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
 from qualify.workloads.train.ranks import (RANK_RESULT_DIR, choose_launcher, free_port, gloo_env, is_launched,
@@ -64,6 +64,12 @@ class _Setup:
 def handle(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
     p = parse_params(case.get("params", {}))
     timeout_s = case.get("timeout_s")
+    try:  # duet: pinned before torch starts its threads; relaunched ranks inherit the cpu set
+        spec = duet.DuetSpec.from_case(case)
+        if spec is not None:
+            duet.pin(spec.cpus)
+    except (ValueError, OSError) as exc:
+        raise protocol.BadCase(f"duet: {exc}") from None
     launcher = choose_launcher(p.launcher, p.devices, p.nodes)
     if launcher != "none" and not is_launched():
         _arm_timeout(None)  # SIGTERM only: the launcher's own timeout is communicate()'s
@@ -153,7 +159,13 @@ def _train(case, p: TrainParams, launcher: str, log: logging.Logger) -> dict[str
                                int(s.ds_cfg["zero_optimization"].get("stage", 0)), s.world,
                                s.device, s.env, torch)
         engine, fixed, ckpt_counter = _build(s, log)
-        return _measure(s, engine, fixed, ckpt_counter, log)
+        # duet: rank 0 of each side meets the peer before each timed step (other ranks follow by collectives).
+        barrier = duet.enter(case) if s.rank == 0 else None
+        try:
+            return _measure(s, engine, fixed, ckpt_counter, log, barrier)
+        finally:
+            if barrier is not None:
+                barrier.close()
     except Exception as exc:  # noqa: BLE001 - an OOM still reports where it happened
         if not protocol.is_oom(exc):
             raise
@@ -288,6 +300,8 @@ class _Stepper:
         from deepspeed.accelerator import get_accelerator
 
         self.sync = get_accelerator().synchronize
+        self.extra: ExtraWork | None = None  # set by calibrate_slowdown once the step's cost is known
+        self.barrier: Any = None  # a duet launch's StepBarrier (workloads/duet.py): timed steps only
 
     def batch(self):
         if self.s.p.data == "memorize":
@@ -296,8 +310,15 @@ class _Stepper:
                                  generator=self.gen)
         return ids.to(self.s.device)
 
-    def __call__(self) -> float:
+    def calibrate_slowdown(self, step_s: float) -> dict[str, Any]:
+        """params.slowdown f: from now on each step does f times its measured cost in extra matmuls."""
+        self.extra = ExtraWork.calibrated(self.torch, self.s.device, self.s.p.slowdown, step_s)
+        return self.extra.describe()
+
+    def __call__(self, timed: bool = False) -> float:
         index = len(self.losses)
+        if timed and self.barrier is not None:
+            self.barrier.wait()  # duet: both sides start this step together
         start = time.perf_counter()
         total = self.torch.zeros((), device=self.s.device)
         for _ in range(self.s.accum):
@@ -309,14 +330,52 @@ class _Stepper:
             self.engine.step()
             total += loss.detach().float()
         value = (total / self.s.accum).item()  # also the synchronisation point on CPU
+        if self.extra is not None:  # params.slowdown: a regression of known size (tests, benchmarks)
+            self.extra.run()
         self.sync()
-        if self.s.p.slowdown:  # params.slowdown: a regression of known size (tests, benchmarks)
-            time.sleep((time.perf_counter() - start) * self.s.p.slowdown)
         elapsed = time.perf_counter() - start
         self.losses.append(value)
         if not math.isfinite(value):
             raise _NanLoss(index, value)
         return elapsed
+
+
+class ExtraWork:
+    """Real extra compute per step (params.slowdown): `units` matmuls of a fixed square matrix on the
+    step's device and threads, sized once so that they cost `fraction` of a step (never a sleep: a sleep
+    frees the cores, so it would not slow a side that shares the machine as a heavier release would)."""
+
+    SIZE = 192
+
+    def __init__(self, torch, device, units: int, unit_s: float, fraction: float) -> None:
+        self.torch, self.units, self.unit_s, self.fraction = torch, units, unit_s, fraction
+        gen = torch.Generator(device="cpu").manual_seed(1234)
+        self.a = torch.randn(self.SIZE, self.SIZE, generator=gen).to(device)
+        self.b = torch.randn(self.SIZE, self.SIZE, generator=gen).to(device)
+        self.sink = 0.0
+
+    @classmethod
+    def calibrated(cls, torch, device, fraction: float, step_s: float, probes: int = 30) -> "ExtraWork":
+        work = cls(torch, device, 1, 0.0, fraction)
+        work.run()  # warm-up
+        times = []
+        for _ in range(probes):
+            t0 = time.perf_counter()
+            work.run()
+            times.append(time.perf_counter() - t0)
+        work.unit_s = min(times)
+        work.units = max(1, round(fraction * step_s / work.unit_s)) if work.unit_s > 0 else 1
+        return work
+
+    def run(self) -> None:
+        out = self.a
+        for _ in range(self.units):
+            out = self.torch.mm(self.a, self.b)
+        self.sink = float(out[0, 0])  # the result is used: the work cannot be skipped
+
+    def describe(self) -> dict[str, Any]:
+        return {"slowdown": self.fraction, "slowdown_units": self.units, "slowdown_unit_s": self.unit_s,
+                "slowdown_work": f"{self.units} x {self.SIZE}x{self.SIZE} matmul per step"}
 
 
 class _Evidence:
@@ -359,8 +418,18 @@ class _Evidence:
                                    "checkpoint function during the timed steps")
 
 
-def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger) -> dict[str, Any]:
-    """Warm up, then repeats x steps timed steps; the result fields."""
+def _warm_step_cost(step: "_Stepper", warm_times: list[float]) -> float:
+    """A step's cost for sizing params.slowdown: the fastest of three settled steps (the warm-up steps after the
+    first, which compiles, topped up with untimed steps): the least disturbed by a neighbour, as the matmul's
+    unit cost is (ExtraWork.calibrated), so that the extra work is the asked fraction of the same machine state."""
+    settled = warm_times[1:4]
+    while len(settled) < 3:
+        settled.append(step())
+    return min(settled)
+
+
+def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrier: Any = None) -> dict[str, Any]:
+    """Warm up, then repeats x steps timed steps (a duet launch: each after the barrier); the result fields."""
     from qualify.workloads.train import models as tm
     from qualify.workloads.train.measure import PeakMemory, engine_activation_memory, summarize
 
@@ -380,23 +449,28 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger) -> dic
     evidence = _Evidence(ckpt_counter)
     memory = PeakMemory(s.device)
     try:
+        warm_times: list[float] = []
         for _ in range(p.warmup_steps):
             elapsed = step()
+            warm_times.append(elapsed)
             if first_step is None:
                 first_step = elapsed
         n_warm = len(step.losses)
         # The set-up peak (model init, the eager activation pass, deepspeed.initialize, warm-up and
         # compile) is kept apart; the training peak is measured from here on.
         metrics["setup_peak_memory_bytes"] = memory.peak()
+        if p.slowdown:
+            env.update(step.calibrate_slowdown(_warm_step_cost(step, warm_times)))
         memory.reset()
         evidence.timed_start()
+        step.barrier = barrier
         for _ in range(p.repeats):
             # As timeit does: collect between repeats, no cyclic GC pause inside one.
             gc.collect()
             gc.disable()
             times.append([])
             for _ in range(p.steps):
-                times[-1].append(step())
+                times[-1].append(step(timed=True))
                 evidence.timed_steps += 1
                 memory.sample()
             first_step = times[0][0] if first_step is None else first_step
@@ -440,6 +514,8 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger) -> dic
     # One more step of the same engine, after the timed repeats: its activation memory.
     env.update(engine_activation_memory(engine, step.batch(), s.device))
     env["load_avg_end"] = list(os.getloadavg())
+    if barrier is not None:
+        env["duet"] = barrier.report()
     metrics.update({
         "tflops_per_device": achieved / 1e12 if achieved else None,
         # Model FLOPs only: the recompute of checkpointed layers is never counted.

@@ -1,0 +1,377 @@
+"""Duet measurement, driver side (gate.regression.baseline: duet): the candidate's and the previous release's
+launches of a case at the same time on one node, each side on its own cores (and GPUs), step k of both started
+together (workloads/duet.py), the sides swapped between launch pairs; one merged document.
+
+One Ray task holds both sides' resources (twice the case's CPUs and GPUs). Inside it, launch pair i gives the
+candidate side i % 2: side 0 is the first half of the task's cores (and GPUs), side 1 the second half, so that
+a slower core or GPU falls on each release equally often and its bias is estimated from the swaps
+(gate/duet_stats.py). Both sides' executors run at once (a thread each); when one side's process ends, the
+other is told at its barrier, so that it never waits for a dead peer.
+
+Merged document: the candidate's launches merged as usual (qualify.launches.merge_launches), the baseline's
+attached as for a paired case (`paired_baseline.per_launch.<metric>`, environment `paired`), and the duet
+record: samples `duet.log_ratio` (one per timed step: log(candidate step time / baseline step time)),
+`duet.pair` (the launch pair of each), `duet.candidate_side` (one per pair), environment `duet` (sides, cpu
+sets, GPUs, how closely the steps started together, the reason when the case fell back to paired).
+
+Sampling until decided: the planned pairs (the case's launches, rounded up to an even number and at least 4,
+so that each side assignment has two) are run; while the gate's rule on the interval (gate/duet_stats) is
+undecided, two more pairs are run, up to `DuetPolicy.max_pairs`.
+
+Where duet cannot run, the case is measured paired (A B A B) and the result says why: the cluster has no node
+with both sides' resources (decided on the driver, pipeline), the node's cores cannot be split into two sets
+of the case's size, the executor cannot share the barrier directory (container), or the workload has no duet
+hook (inference: the vLLM engine batches requests in its own engine-core process, and there is no step both
+sides could start together; the transformers engine's generate loop could be, but is not hooked yet).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from qualify import result_document as rd
+from qualify.execution import launches
+from qualify.manifest import Resources
+from qualify.workloads import duet as wduet
+
+LOG_RATIO, PAIR, CANDIDATE_SIDE = rd.DUET_LOG_RATIO, rd.DUET_PAIR, rd.DUET_CANDIDATE_SIDE
+# Kinds whose workload waits at the barrier before each timed step (the others fall back to paired).
+DUET_KINDS = ("train", "synthetic")
+STEP_SERIES = "step_time_s"
+
+Launch = Callable[[dict[str, Any], Sequence[str]], tuple[dict[str, Any], float]]
+
+
+@dataclass(frozen=True)
+class DuetPolicy:
+    """What the Ray task needs of the gate's policy to sample until decided."""
+
+    max_regression: float
+    alpha: float
+    max_pairs: int
+
+
+@dataclass(frozen=True)
+class SidePlan:
+    """The two sides' resources on this node: side 0 and side 1 cpu sets and GPU ids."""
+
+    cpus: tuple[tuple[int, ...], tuple[int, ...]]
+    gpus: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
+def doubled(resources: Resources) -> Resources:
+    """The one Ray task of a duet case holds both sides: twice the case's CPUs, GPUs and memory."""
+    return resources.model_copy(update={
+        "cpus": resources.cpus * 2, "gpus": resources.gpus * 2,
+        "memory_gb": resources.memory_gb * 2 if resources.memory_gb else None,
+        "custom": {k: v * 2 for k, v in resources.custom.items()}})
+
+
+def plan_sides(available_cpus: Sequence[int], cpus_per_side: float, gpu_ids: Sequence[str] = (),
+               gpus_per_side: float = 0) -> SidePlan | str:
+    """Two disjoint cpu sets (and GPU sets) of the case's size from what this task may use, or why not."""
+    need = max(1, math.ceil(cpus_per_side))
+    cores = sorted(available_cpus)
+    if len(cores) < 2 * need:
+        return (f"this node's task can use {len(cores)} core(s) ({_span(cores)}): two sides of {need} core(s) "
+                "each do not fit")
+    g = int(gpus_per_side)
+    if g != gpus_per_side:
+        return f"a fractional GPU share ({gpus_per_side:g}) cannot be split into two sides"
+    if len(gpu_ids) < 2 * g:
+        return f"this task holds {len(gpu_ids)} GPU(s): two sides of {g} do not fit"
+    return SidePlan(cpus=(tuple(cores[:need]), tuple(cores[need:2 * need])),
+                    gpus=(tuple(gpu_ids[:g]), tuple(gpu_ids[g:2 * g])))
+
+
+def _span(cores: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cores) or "none"
+
+
+def candidate_side(pair: int) -> int:
+    """The candidate's side in launch pair `pair`: the sides swap every pair."""
+    return pair % 2
+
+
+def planned_pairs(case_doc: Mapping[str, Any]) -> int:
+    count = launches.launch_count(case_doc)
+    return max(4, count + count % 2)
+
+
+def unsupported_reason(kind: str, executor_kind: str) -> str | None:
+    """Why this case cannot run in duet (it is then paired), or None."""
+    if kind not in DUET_KINDS:
+        return (f"a {kind} case has no duet hook (the vLLM engine batches requests in its own engine-core "
+                "process: no step both sides could start together); measured paired")
+    if executor_kind != "local":
+        return (f"the {executor_kind} executor does not share the barrier directory with the workload yet; "
+                "measured paired")
+    return None
+
+
+def _side_doc(doc: Mapping[str, Any], index: int, count: int, directory: str, side: int,
+              cpus: Sequence[int], timeout_s: float) -> dict[str, Any]:
+    out = launches.launch_document(doc, index, count)
+    out["duet"] = {"dir": directory, "side": side, "cpus": list(cpus), "timeout_s": timeout_s}
+    return out
+
+
+@dataclass
+class _PairRun:
+    index: int
+    candidate_side: int
+    cand: tuple[dict[str, Any], float] | None = None
+    base: tuple[dict[str, Any], float] | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def run_pair(index: int, count: int, case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
+             plan: SidePlan, launch_candidate: Launch, launch_baseline: Launch, timeout_s: float) -> _PairRun:
+    """Launch pair `index`: both sides at once, each in a thread, on their cpu sets; a barrier directory of
+    their own; when a side's process ends, the other is told (it then finishes alone, never waits)."""
+    run = _PairRun(index, candidate_side(index))
+    directory = tempfile.mkdtemp(prefix="qualify-duet-")
+    try:
+        wduet.make_barrier_dir(directory)
+        cs = run.candidate_side
+        bs = 1 - cs
+
+        def side(which: str, launch: Launch, doc: Mapping[str, Any], s: int) -> None:
+            try:
+                result = launch(_side_doc(doc, index, count, directory, s, plan.cpus[s], timeout_s), plan.gpus[s])
+                setattr(run, which, result)
+            except Exception as exc:  # noqa: BLE001 - reported as the side's failure, never lost in a thread
+                run.errors.append(f"{which}: {type(exc).__name__}: {exc}")
+            finally:
+                wduet.peer_gone(directory, 1 - s)
+
+        threads = [threading.Thread(target=side, args=("cand", launch_candidate, case_doc, cs), daemon=True),
+                   threading.Thread(target=side, args=("base", launch_baseline, baseline_doc, bs), daemon=True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return run
+
+
+def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[list[float], str | None]:
+    """Per-step log(candidate time / baseline time) of one launch pair, step k with step k; the steps a side
+    ran alone (its peer gone) are left out. (ratios, problem)."""
+    c = [float(x) for x in (cand.get("samples") or {}).get(STEP_SERIES) or []]
+    b = [float(x) for x in (base.get("samples") or {}).get(STEP_SERIES) or []]
+    if not c or not b:
+        return [], f"a side reported no {STEP_SERIES}"
+    if len(c) != len(b):
+        return [], f"the sides ran {len(c)} and {len(b)} timed steps"
+    alone = [_side_report(d).get("alone_from_step") for d in (cand, base)]
+    stop = min([a for a in alone if isinstance(a, int)], default=len(c))
+    ratios = [math.log(x / y) for x, y in zip(c[:stop], b[:stop]) if x > 0 and y > 0]
+    return ratios, (None if ratios else "no timed step ran with both sides together")
+
+
+def _side_report(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What a side's workload reported of its duet launch (workloads/duet.StepBarrier.report)."""
+    return (doc.get("environment") or {}).get("duet") or {}
+
+
+def step_skew(cand: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
+    """The largest gap between the two sides' starts of the same step (seconds): the synchronisation achieved."""
+    a = _side_report(cand).get("step_starts") or []
+    b = _side_report(base).get("step_starts") or []
+    gaps = [abs(x - y) for x, y in zip(a, b)]
+    return max(gaps) if gaps else None
+
+
+def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan: SidePlan,
+             launch_candidate: Launch, launch_baseline: Launch, *, label: str, timeout_s: float,
+             policy: DuetPolicy | None = None) -> dict[str, Any]:
+    """The duet of one case (see the module docstring): the candidate's merged document with both the paired
+    baseline side and the duet record attached."""
+    count = planned_pairs(case_doc)
+    budget = max(count, policy.max_pairs if policy else count)
+    # The two sides' launch documents and seconds, as run_paired keeps them (merged the same way below).
+    cand_docs, base_docs = [], []
+    cand_s, base_s = [], []
+    order: list[str] = []
+    problem: str | None = None
+    pairs: list[dict[str, Any]] = []
+    ratios, pair_of, sides = [], [], []  # the duet record: per step, per step, per pair
+    index = 0
+    while index < count:
+        run = run_pair(index, budget, case_doc, baseline_doc, plan, launch_candidate, launch_baseline, timeout_s)
+        if run.cand is None:
+            raise RuntimeError(f"duet pair {index + 1}: the candidate side raised: {'; '.join(run.errors)}")
+        cand_docs.append(run.cand[0])
+        cand_s.append(run.cand[1])
+        cs = run.candidate_side
+        order.append(f"A{index}|B{index} (candidate on side {cs})")
+        if run.cand[0].get("status") != "passed":
+            break
+        bdoc = run.base[0] if run.base else None
+        if bdoc is None or bdoc.get("status") != "passed":
+            why = "; ".join(run.errors) if bdoc is None else f"{bdoc.get('error_class')}: " \
+                f"{str(bdoc.get('error') or '')[:300]}"
+            problem = f"the baseline ({label}) did not pass its launch {index + 1}: {why}"
+            break
+        assert run.base is not None
+        base_docs.append(bdoc)
+        base_s.append(run.base[1])
+        pr, why = pair_log_ratios(run.cand[0], bdoc)
+        pairs.append({"index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
+                      "baseline_cpus": list(plan.cpus[1 - cs]), "candidate_gpus": list(plan.gpus[cs]),
+                      "baseline_gpus": list(plan.gpus[1 - cs]), "steps": len(pr), "problem": why,
+                      "step_start_skew_s": step_skew(run.cand[0], bdoc),
+                      # the cpu sets the two processes ran on, as each read its own affinity back after pinning
+                      "candidate_affinity": _side_report(run.cand[0]).get("affinity"),
+                      "baseline_affinity": _side_report(bdoc).get("affinity"),
+                      "median_log_ratio": statistics.median(pr) if pr else None})
+        if pr:
+            ratios += pr
+            pair_of += [float(index)] * len(pr)
+            sides.append(float(cs))
+        else:
+            sides.append(float("nan"))
+        index += 1
+        if index == count and policy is not None and count + 2 <= budget:
+            from qualify.gate import duet_stats  # the gate reads this module's keys: imported late, no cycle
+
+            interval = duet_stats.duet_interval(blocks_from_samples(
+                {LOG_RATIO: ratios, PAIR: pair_of, CANDIDATE_SIDE: sides}))
+            if duet_stats.decide(interval, policy.max_regression) == duet_stats.DuetCall.UNDECIDED:
+                count += 2  # undecided: two more pairs (one per side assignment), up to the budget
+    merged = launches.merge_launches(cand_docs, cand_s, planned=count)
+    merged = launches.attach_pairing(merged, base_docs, base_s, order=order, label=label, problem=problem)
+    if merged.get("status") == "passed" and problem is None:
+        merged["samples"].update({LOG_RATIO: ratios, PAIR: pair_of, CANDIDATE_SIDE: sides})
+    merged["environment"]["duet"] = {
+        "baseline": label, "mode": "duet", "reason": problem, "pairs": pairs, "pairs_planned": planned_pairs(case_doc),
+        "pairs_budget": budget, "sides": {"cpus": [list(c) for c in plan.cpus], "gpus": [list(g) for g in plan.gpus]},
+        "step_start_skew_s_max": max((p["step_start_skew_s"] for p in pairs
+                                      if p["step_start_skew_s"] is not None), default=None)}
+    return merged
+
+
+def fell_back(doc: dict[str, Any], label: str | None, reason: str) -> dict[str, Any]:
+    """Mark a case that should have run in duet but was measured paired (or not at all), with the reason."""
+    doc.setdefault("environment", {})["duet"] = {"baseline": label, "mode": "paired", "reason": reason, "pairs": []}
+    return doc
+
+
+def blocks_from_samples(samples: Mapping[str, Sequence[float]]) -> list[Any]:
+    """The launch pairs of a duet result's samples as the gate's blocks (gate.duet_stats.DuetBlock)."""
+    from qualify.gate import duet_stats
+
+    return [duet_stats.DuetBlock(side, tuple(ratios)) for side, ratios in rd.duet_pairs(samples)]
+
+
+# --------------------------------------------------------------------------- the Ray task
+
+
+def available_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def measure(executor: Any, baseline: Any, case_doc: dict[str, Any], baseline_doc: dict[str, Any], *,
+            cpus_per_side: float, gpus_per_side: float, gpu_ids: Sequence[str], timeout_s: float,
+            policy: DuetPolicy | None, cpus: Sequence[int] | None = None) -> tuple[dict[str, Any], list[Any]]:
+    """Inside the case's one Ray task: the duet, or paired (A B A B) with the reason when this node's task
+    cannot hold two sides. Returns the merged document and the candidate's execution outcomes."""
+    outcomes: list[Any] = []
+    label = baseline.describe()
+
+    def side(chosen: Any, keep: bool) -> Launch:
+        def one_launch(doc: dict[str, Any], gpus: Sequence[str]) -> tuple[dict[str, Any], float]:
+            outcome = chosen.run(doc, timeout_s=timeout_s, gpu_ids=list(gpus))
+            if keep:
+                outcomes.append(outcome)
+            return outcome.doc, outcome.exec_s
+        return one_launch
+
+    need = 2 * max(1, math.ceil(cpus_per_side))
+    with CoreClaim(available_cpus() if cpus is None else cpus, need) as claimed:
+        plan = plan_sides(claimed.cores, cpus_per_side, gpu_ids, gpus_per_side)
+        if isinstance(plan, str):
+            if claimed.busy:
+                plan += f" ({claimed.busy} more held by other duet cases on this node)"
+            cand, base = side(executor, True), side(baseline, False)
+            merged = launches.run_paired(case_doc, baseline_doc, lambda d: cand(d, gpu_ids),
+                                         lambda d: base(d, gpu_ids), label)
+            return fell_back(merged, label, f"{plan}; measured paired"), outcomes
+        merged = run_duet(case_doc, baseline_doc, plan, side(executor, True), side(baseline, False), label=label,
+                          timeout_s=timeout_s, policy=policy)
+    return merged, outcomes
+
+
+class CoreClaim:
+    """The cores this duet pins its two sides to, claimed on the node for as long as it runs.
+
+    Ray counts CPUs but assigns no cores, so two duet cases on one node would otherwise both take the first
+    cores. Each core is claimed by an exclusive flock on a node-local file (`<tmp>/qualify-duet-cores/<n>`):
+    the kernel releases it when the holder ends, however it ends, so a crashed worker never leaks a core.
+    """
+
+    def __init__(self, available: Sequence[int], need: int, directory: str | None = None) -> None:
+        self.available, self.need = sorted(available), need
+        self.directory = directory or os.path.join(tempfile.gettempdir(), "qualify-duet-cores")
+        self.cores: list[int] = []
+        self.busy = 0
+        self._fds: list[int] = []
+
+    def __enter__(self) -> "CoreClaim":
+        import fcntl
+
+        os.makedirs(self.directory, exist_ok=True)
+        for core in self.available:
+            if len(self.cores) == self.need:
+                break
+            fd = os.open(os.path.join(self.directory, str(core)), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                self.busy += 1
+                continue
+            self._fds.append(fd)
+            self.cores.append(core)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        for fd in self._fds:
+            os.close(fd)  # closing releases the flock
+        self._fds.clear()
+
+
+def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc: Mapping[str, Any],
+                  max_regression: float, alpha: float,
+                  infeasible: Callable[[Resources], str | None]) -> DuetPolicy | str:
+    """On the driver: the duet policy for this case, or why it is measured paired instead (said in its result)."""
+    reason = unsupported_reason(kind, executor_kind)
+    if reason:
+        return reason
+    why = infeasible(doubled(resources))
+    if why:
+        return f"no node can hold both sides ({why}); measured paired"
+    return DuetPolicy(max_regression=max_regression, alpha=alpha, max_pairs=2 * planned_pairs(case_doc))
+
+
+def duet_choice(manifest: Any, case: Any, infeasible: Callable[[Resources], str | None]) -> DuetPolicy | str | None:
+    """For a paired-able case of a run: None unless gate.regression.baseline is duet; then the case's duet
+    policy, or why it is measured paired instead (said in its result)."""
+    reg = manifest.gate.regression
+    if reg.baseline != "duet":
+        return None
+    return driver_choice(case.kind, manifest.execution.executor, case.resources, case.document(),
+                         reg.max_regression, reg.alpha, infeasible)

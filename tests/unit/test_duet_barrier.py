@@ -1,0 +1,123 @@
+"""The workload side of duet (workloads/duet.py): the step barrier between the two sides, the case's duet
+section, and the synthetic workload's timed steps. The two sides are two threads here (the unit tests start
+no process); tests/integration/test_duet_e2e.py runs two real processes through Ray."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from qualify.workloads import duet, synthetic
+
+pytestmark = pytest.mark.unit
+
+
+def _side(directory: Path, side: int, steps: int, out: dict, jitter_s: float = 0.004) -> None:
+    barrier = duet.StepBarrier(duet.DuetSpec(str(directory), side, (), timeout_s=30))
+    rng = random.Random(side)
+    try:
+        for _ in range(steps):
+            barrier.wait()
+            time.sleep(rng.uniform(0, jitter_s))  # the sides' steps take different times
+    finally:
+        barrier.close()
+    out[side] = barrier.report()
+
+
+def test_both_sides_start_each_step_together(tmp_path: Path) -> None:
+    duet.make_barrier_dir(str(tmp_path))
+    out: dict = {}
+    threads = [threading.Thread(target=_side, args=(tmp_path, s, 30, out, 0.004 * (1 + s))) for s in duet.SIDES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    starts0, starts1 = out[0]["step_starts"], out[1]["step_starts"]
+    assert len(starts0) == len(starts1) == 30
+    # Without the barrier side 1 (twice the jitter) would drift ~60 ms behind by step 30.
+    skew = [abs(a - b) for a, b in zip(starts0, starts1)]
+    assert max(skew) < 0.05, skew
+    assert out[0]["alone_from_step"] is None and out[1]["alone_from_step"] is None
+
+
+def test_a_side_whose_peer_ended_finishes_alone_and_says_from_when(tmp_path: Path) -> None:
+    duet.make_barrier_dir(str(tmp_path))
+    barrier = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 0, (), timeout_s=30))
+    duet.peer_gone(str(tmp_path), 0)  # the driver: side 1's process has ended
+    started = time.monotonic()
+    for _ in range(3):
+        barrier.wait()
+    barrier.close()
+    assert time.monotonic() - started < 5  # never waited for the timeout
+    report = barrier.report()
+    assert report["alone_from_step"] == 0 and report["alone_reason"] == "the peer ended" and report["steps"] == 3
+
+
+def test_a_peer_that_never_arrives_ends_the_wait_after_the_timeout(tmp_path: Path) -> None:
+    duet.make_barrier_dir(str(tmp_path))
+    barrier = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 1, (), timeout_s=0.2))
+    barrier.wait()
+    barrier.close()
+    assert barrier.alone_from == 0 and "did not arrive" in (barrier.alone_reason or "")
+
+
+def test_sides_at_different_steps_are_an_error(tmp_path: Path) -> None:
+    duet.make_barrier_dir(str(tmp_path))
+    barrier = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 0, (), timeout_s=5))
+    fd = os.open(tmp_path / "to0", os.O_RDWR)
+    os.write(fd, (7).to_bytes(4, "big"))
+    os.close(fd)
+    with pytest.raises(duet.DuetError, match="step 7"):
+        barrier.wait()
+    barrier.close()
+
+
+@pytest.mark.parametrize("section, problem", [
+    ("x", "expected an object"), ({"dir": "/d", "side": 2, "cpus": []}, "duet.side"),
+    ({"dir": "/d", "side": 0, "cpus": [-1]}, "duet.cpus"), ({"side": 0, "cpus": [0]}, "duet.dir"),
+    ({"dir": "/d", "side": 0, "cpus": [0], "timeout_s": 0}, "duet.timeout_s"),
+])
+def test_a_bad_duet_section_is_named(section, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        duet.DuetSpec.from_case({"duet": section})
+    assert duet.DuetSpec.from_case({}) is None
+
+
+def test_the_synthetic_workload_times_real_steps_and_slowdown_is_more_work() -> None:
+    def run(slowdown: float) -> dict:
+        case = {"params": {"samples": {}, "steps": 5, "step_work": 20000, "slowdown": slowdown}}
+        return synthetic.handler(case, None)
+
+    plain, slowed = run(0.0), run(1.0)
+    assert len(plain["samples"]["step_time_s"]) == 5 and plain["metrics"]["steps_per_s"] > 0
+    assert "duet" not in plain["environment"]
+    # Twice the iterations: more time per step (a sleep-free slowdown). Generous: the machine is shared.
+    assert slowed["metrics"]["step_time_s_median"] > plain["metrics"]["step_time_s_median"] * 1.2
+    with pytest.raises(Exception, match="params.steps"):
+        synthetic.handler({"params": {"samples": {}, "steps": 0}}, None)
+
+
+def test_the_synthetic_workload_pins_and_meets_its_peer(tmp_path: Path) -> None:
+    duet.make_barrier_dir(str(tmp_path))
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    before = os.sched_getaffinity(0)
+    out: dict = {}
+
+    def peer() -> None:
+        _side(tmp_path, 1, 4, out, 0.0)
+
+    t = threading.Thread(target=peer)
+    t.start()
+    try:
+        doc = synthetic.handler({"params": {"samples": {}, "steps": 4, "step_work": 1000},
+                                 "duet": {"dir": str(tmp_path), "side": 0, "cpus": [cpu], "timeout_s": 30}}, None)
+    finally:
+        os.sched_setaffinity(0, before)  # the handler pinned this (test) process
+        t.join(30)
+    assert doc["environment"]["duet"]["cpus"] == [cpu] and doc["environment"]["duet"]["steps"] == 4
+    assert out[1]["steps"] == 4

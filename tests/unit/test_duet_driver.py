@@ -1,0 +1,281 @@
+"""Duet, driver side (execution.duet) and its gate check: the two sides' resources, the swaps between launch
+pairs, the merged document, sampling until decided, and the fallback to paired with the reason. The launches
+here are functions (unit tests start no process): tests/integration/test_duet_e2e.py runs real ones on Ray.
+GPU ids are made up in these tests (no GPU here): only the split of a task's GPU ids is tested."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from typing import Any, Sequence
+
+import pytest
+
+from qualify.execution import duet
+from qualify.manifest.cases import expand
+from qualify.gate.checks import ResultData, check_regression
+from qualify.manifest import Resources
+from support.gate import release as make_release
+
+pytestmark = pytest.mark.unit
+
+DUET = {"regression": {"baseline": "duet", "max_regression": 0.05, "alpha": 0.05, "min_samples": 3}}
+CASE = {"case_id": "train/tiny/base", "kind": "train", "params": {}, "launches": 3}
+
+
+def test_two_sides_get_disjoint_cores_and_gpus() -> None:
+    plan = duet.plan_sides([0, 1, 2, 3, 4, 5, 6, 7], 4, [f"gpu{i}" for i in range(16)], 8)  # made-up GPU ids
+    assert isinstance(plan, duet.SidePlan)
+    assert plan.cpus == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert plan.gpus[0] == tuple(f"gpu{i}" for i in range(8)) and plan.gpus[1] == tuple(f"gpu{i}" for i in range(8, 16))
+    assert duet.plan_sides([0, 1], 0.5).cpus == ((0,), (1,))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("cpus, per_side, gpus, gpus_per_side, why", [
+    ([0, 1], 2, [], 0, "two sides of 2 core(s) each do not fit"),
+    ([0, 1, 2, 3], 1, ["g0"] * 8, 8, "8 GPU(s): two sides of 8 do not fit"),  # an 8-GPU case needs 16
+    ([0, 1, 2, 3], 1, ["g0"], 0.5, "fractional GPU"),
+])
+def test_a_task_that_cannot_hold_both_sides_says_why(cpus, per_side, gpus, gpus_per_side, why) -> None:
+    reason = duet.plan_sides(cpus, per_side, gpus, gpus_per_side)
+    assert isinstance(reason, str) and why in reason
+
+
+def test_the_duet_task_holds_both_sides() -> None:
+    both = duet.doubled(Resources(cpus=2, gpus=8, memory_gb=10, custom={"hpu": 1}))
+    assert (both.cpus, both.gpus, both.memory_gb, both.custom) == (4, 16, 20, {"hpu": 2})
+
+
+class Sides:
+    """Two fake workloads that meet like the real ones: each records its cpu set, GPUs and when it started."""
+
+    def __init__(self, cand_step: float = 0.011, base_step: float = 0.010, side_bias: float = 0.0,
+                 fail_base_at: int | None = None, steps: int = 8, pair_sd: float = 0.0) -> None:
+        self.cand_step, self.base_step, self.side_bias = cand_step, base_step, side_bias
+        self.fail_base_at, self.steps, self.pair_sd = fail_base_at, steps, pair_sd
+        self.calls: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def launch(self, who: str):
+        def run(doc: dict[str, Any], gpus: Sequence[str]) -> tuple[dict[str, Any], float]:
+            section = doc["duet"]
+            with self.lock:
+                self.calls.append({"who": who, "pair": doc["launch"]["index"], "side": section["side"],
+                                   "cpus": section["cpus"], "gpus": list(gpus), "at": time.monotonic()})
+            if who == "base" and doc["launch"]["index"] == self.fail_base_at:
+                return {"status": "error", "error_class": "crash", "error": "segfault"}, 0.1
+            step = (self.cand_step if who == "cand" else self.base_step)
+            step *= (1 + self.side_bias) if section["side"] == 0 else 1.0
+            rng = random.Random(f"{who}{doc['launch']['index']}")
+            step *= rng.lognormvariate(0, self.pair_sd)  # a process-level effect of this launch
+            times = [step * rng.lognormvariate(0, 0.002) for _ in range(self.steps)]
+            time.sleep(0.02)
+            return {"status": "passed", "metrics": {"tokens_per_s": 1 / statistics_median(times)},
+                    "samples": {"step_time_s": times}, "environment": {"python": "3.11", "duet": {
+                        "side": section["side"], "step_starts": [1000.0 + k for k in range(self.steps)]}},
+                    "duration_s": 0.1}, 0.1
+        return run
+
+
+def statistics_median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+PLAN = duet.SidePlan(cpus=((0,), (1,)), gpus=(("g0",), ("g1",)))
+
+
+def test_both_sides_run_at_once_and_swap_cores_between_launch_pairs() -> None:
+    sides = Sides()
+    merged = duet.run_duet(CASE, CASE, PLAN, sides.launch("cand"), sides.launch("base"), label="prev", timeout_s=60)
+    cand = [c for c in sides.calls if c["who"] == "cand"]
+    base = [c for c in sides.calls if c["who"] == "base"]
+    assert len(cand) == len(base) == 4  # 3 launches rounded up to an even number, at least 4
+    assert [c["side"] for c in sorted(cand, key=lambda c: c["pair"])] == [0, 1, 0, 1]
+    for c in cand:
+        b = next(x for x in base if x["pair"] == c["pair"])
+        assert b["side"] == 1 - c["side"] and b["cpus"] != c["cpus"] and b["gpus"] != c["gpus"]
+        assert abs(b["at"] - c["at"]) < 0.5  # started together (the barrier aligns the steps themselves)
+    record = merged["environment"]["duet"]
+    assert [p["candidate_side"] for p in record["pairs"]] == [0, 1, 0, 1]
+    assert [p["candidate_cpus"] for p in record["pairs"]] == [[0], [1], [0], [1]]
+    assert merged["samples"][duet.CANDIDATE_SIDE] == [0.0, 1.0, 0.0, 1.0]
+    assert len(merged["samples"][duet.LOG_RATIO]) == 32
+    assert merged["samples"]["paired_baseline.per_launch.tokens_per_s"]  # the baseline side, as for paired
+    blocks = duet.blocks_from_samples(merged["samples"])
+    assert len(blocks) == 4 and all(len(b.log_ratios) == 8 for b in blocks)
+    assert math.exp(blocks[0].summary) == pytest.approx(1.1, rel=0.02)
+
+
+def test_a_failing_baseline_ends_the_duet_with_the_reason() -> None:
+    sides = Sides(fail_base_at=1)
+    merged = duet.run_duet(CASE, CASE, PLAN, sides.launch("cand"), sides.launch("base"), label="prev", timeout_s=60)
+    assert merged["status"] == "passed"
+    assert "segfault" in merged["environment"]["duet"]["reason"]
+    assert duet.LOG_RATIO not in merged["samples"]
+
+
+def test_an_undecided_duet_runs_more_pairs_up_to_its_budget() -> None:
+    # 3% slower with 3% launch-to-launch noise against a 5% tolerance: undecided, so pairs are added two at a
+    # time, up to the budget.
+    sides = Sides(cand_step=0.0103, pair_sd=0.03)
+    policy = duet.DuetPolicy(max_regression=0.05, alpha=0.05, max_pairs=8)
+    merged = duet.run_duet(CASE, CASE, PLAN, sides.launch("cand"), sides.launch("base"), label="prev",
+                           timeout_s=60, policy=policy)
+    from qualify.gate.duet_stats import DuetCall, decide, duet_interval
+
+    ran = len(merged["environment"]["duet"]["pairs"])
+    assert ran in (6, 8)  # two at a time
+    first4 = duet.blocks_from_samples(merged["samples"])[:4]
+    assert decide(duet_interval(first4), 0.05) == DuetCall.UNDECIDED  # why more were run
+    final = decide(duet_interval(duet.blocks_from_samples(merged["samples"])), 0.05)
+    assert ran == 8 or final != DuetCall.UNDECIDED  # stopped when decided, else at the budget
+    decided = Sides(cand_step=0.010)  # identical: decided (PASS) after the planned 4
+    merged = duet.run_duet(CASE, CASE, PLAN, decided.launch("cand"), decided.launch("base"), label="prev",
+                           timeout_s=60, policy=policy)
+    assert len(merged["environment"]["duet"]["pairs"]) == 4
+
+
+def test_a_node_that_cannot_hold_both_sides_is_measured_paired_with_the_reason() -> None:
+    class Exec:
+        def __init__(self, tps: float) -> None:
+            self.tps = tps
+
+        def describe(self) -> str:
+            return "prev-image"
+
+        def run(self, doc, *, timeout_s, gpu_ids=()):  # type: ignore[no-untyped-def]
+            assert "duet" not in doc
+            return type("Outcome", (), {"doc": {"status": "passed", "metrics": {"tokens_per_s": self.tps},
+                                                "environment": {}, "duration_s": 0.1}, "exec_s": 0.1})()
+
+    merged, outcomes = duet.measure(Exec(90.0), Exec(100.0), dict(CASE), dict(CASE), cpus_per_side=2,
+                                    gpus_per_side=0, gpu_ids=[], timeout_s=60, policy=None, cpus=[0, 1])
+    assert len(outcomes) == 3 and merged["environment"]["paired"]["pairs"] == 3
+    record = merged["environment"]["duet"]
+    assert record["mode"] == "paired" and "two sides of 2 core(s)" in record["reason"]
+
+
+def test_the_driver_sends_duet_only_where_it_can_run() -> None:
+    args = dict(resources=Resources(cpus=1), case_doc=CASE, max_regression=0.05, alpha=0.05)
+    assert isinstance(duet.driver_choice("train", "local", infeasible=lambda r: None, **args), duet.DuetPolicy)
+    no_room = duet.driver_choice("train", "local", infeasible=lambda r: f"needs CPU={r.cpus:g}", **args)
+    assert isinstance(no_room, str) and "no node can hold both sides (needs CPU=2)" in no_room
+    assert "no duet hook" in duet.driver_choice("infer", "local", infeasible=lambda r: None, **args)
+    assert "container executor" in duet.driver_choice("train", "container", infeasible=lambda r: None, **args)
+
+
+def _duet_result(effect: float, pairs: int = 4, block_sd: float = 0.005, seed: int = 0) -> ResultData:
+    rng = random.Random(seed)
+    ratios, pair, sides = [], [], []
+    for i in range(pairs):
+        shared = rng.gauss(0, block_sd)
+        for _ in range(20):
+            ratios.append(math.log1p(effect) + shared + rng.gauss(0, 0.01))
+            pair.append(float(i))
+        sides.append(float(i % 2))
+    return ResultData(case_id="train/tiny/base", kind="train", status="passed", metrics={"tokens_per_s": 100.0},
+                      samples={duet.LOG_RATIO: ratios, duet.PAIR: pair, duet.CANDIDATE_SIDE: sides},
+                      environment={"duet": {"baseline": "prev", "mode": "duet", "reason": None}})
+
+
+def test_the_gate_judges_a_duet_case() -> None:
+    rel = make_release(gate_extra=DUET)
+    case = next(c for c in expand(rel) if c.case_id == "train/tiny/base")
+
+    def judge(result: ResultData) -> list:
+        return [r for r in check_regression(rel.gate, [case], {case.case_id: result}, None, "")
+                if r.check == "regression"]
+
+    [same] = judge(_duet_result(0.0))
+    assert same.status == "PASS" and same.figures["design"] == "duet" and same.figures["n"] == 4
+    assert "side bias" in same.message
+    [slow] = judge(_duet_result(0.10))
+    assert slow.status == "FAIL" and "beyond 5%" in slow.message
+    [edge] = judge(_duet_result(0.03, block_sd=0.03))
+    assert edge.status == "INCOMPLETE" and "undecided" in edge.message
+    # Measured paired (the node could not hold both sides): judged pair by pair, the reason said.
+    fallback = ResultData(case_id=case.case_id, kind="train", status="passed", metrics={"tokens_per_s": 90.0},
+                          samples={"per_launch.tokens_per_s": [90.0, 63.0, 117.0],
+                                   "paired_baseline.per_launch.tokens_per_s": [100.0, 70.0, 130.0]},
+                          environment={"paired": {"baseline": "prev", "order": [], "reason": None},
+                                       "duet": {"mode": "paired", "reason": "no node can hold both sides"}})
+    [paired] = judge(fallback)
+    assert paired.status == "FAIL" and "no node can hold both sides" in paired.message
+
+
+# --------------------------------------------------------------------------- the case's attempts (driver)
+
+
+def _duet_ctx(tmp_path):  # type: ignore[no-untyped-def]
+    from support.flows import sleep_manifest
+
+    from qualify import pipeline
+    from qualify.execution.paired import PairedBaseline
+    from qualify.executors import LocalExecutor
+    from qualify.store.engine import open_database
+
+    _, sessions = open_database(f"sqlite:///{tmp_path / 'q.db'}")
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "steps", "kind": "synthetic",
+                                                     "params": {"samples": {}, "steps": 3}}],
+                              extra={"gate": {"regression": {"baseline": "duet"}}})
+    ctx = pipeline.open_run(sessions, manifest)
+    ctx.executor = LocalExecutor()
+    ctx.paired = PairedBaseline(LocalExecutor(), "prev@sha256:x")
+    return ctx
+
+
+class Recorder:
+    """Stands in for the Ray backend: records what it was asked (duet or paired) and answers a passed case."""
+
+    def __init__(self) -> None:
+        self.kwargs: list[dict[str, Any]] = []
+
+    def __call__(self, executor, case_doc, resources, timeout_s, **kwargs):  # type: ignore[no-untyped-def]
+        from qualify.execution.result import CaseRunResult
+        from qualify.workloads import protocol
+
+        self.kwargs.append(kwargs)
+        doc = protocol.make_result(case_doc, "passed", metrics={"tokens_per_s": 1.0})
+        doc["environment"]["paired"] = {"baseline": "prev", "order": [], "reason": None, "pairs": 3}
+        return CaseRunResult(doc=doc, exit_code=0, exec_s=0.1, queue_wait_s=0.0, node="fake", node_id="n")
+
+
+def test_a_duet_run_sends_the_case_in_duet_when_a_node_holds_both_sides(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from qualify.execution import attempts
+
+    ctx = _duet_ctx(tmp_path)
+    runner = Recorder()
+    attempts.run_case(ctx, ctx.cases[0], runner=runner, infeasible=lambda r: None)
+    [kwargs] = runner.kwargs
+    assert isinstance(kwargs["duet"], duet.DuetPolicy) and kwargs["duet"].max_pairs == 8
+    assert kwargs["baseline"] is ctx.paired.executor
+
+
+def test_a_duet_run_measures_paired_with_the_reason_when_no_node_holds_both_sides(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from qualify.execution import attempts
+    from support.flows import results
+
+    ctx = _duet_ctx(tmp_path)
+    runner = Recorder()
+    # The case fits a node (1 CPU), both sides do not (2 CPUs).
+    outcome = attempts.run_case(ctx, ctx.cases[0], runner=runner,
+                                infeasible=lambda r: None if r.cpus <= 1 else f"it needs CPU={r.cpus:g}")
+    [kwargs] = runner.kwargs
+    assert "duet" not in kwargs and kwargs["baseline"] is ctx.paired.executor  # paired
+    assert outcome.passed
+    stored = results(f"sqlite:///{tmp_path / 'q.db'}", ctx.run_id)[ctx.cases[0].case_id]["environment"]
+    assert stored["duet"]["mode"] == "paired"
+    assert "no node can hold both sides (it needs CPU=2)" in stored["duet"]["reason"]
+
+
+def test_concurrent_duets_on_one_node_claim_different_cores(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Ray assigns no cores: two duet tasks on a node must not pin their sides to the same ones.
+    with duet.CoreClaim(range(8), 4, str(tmp_path)) as first:
+        with duet.CoreClaim(range(8), 4, str(tmp_path)) as second:
+            assert first.cores == [0, 1, 2, 3] and second.cores == [4, 5, 6, 7]
+            with duet.CoreClaim(range(8), 2, str(tmp_path)) as third:
+                assert third.cores == [] and third.busy == 8
+    with duet.CoreClaim(range(8), 4, str(tmp_path)) as again:  # released when a claim ends
+        assert again.cores == [0, 1, 2, 3]
