@@ -135,3 +135,11 @@ def test_readme_configuration_table_lists_exactly_the_variables_qualify_reads() 
 
     assert set(ENVIRONMENT) | set(CREDENTIAL_ENVIRONMENT) <= read
     assert documented == read, (sorted(read - documented), sorted(documented - read))
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by basename (no packages under tests/): two test_x.py in unit/ and integration/
+    stop the whole suite at collection ("import file mismatch"), which the two halves run alone never show."""
+    tests = Path(__file__).resolve().parents[1]
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
