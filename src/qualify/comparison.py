@@ -7,7 +7,7 @@ qualify.gate.noninferiority): *regression* when a drop beyond max_regression is 
 when non-inferiority is shown, *improvement* when a gain beyond max_regression is shown, *undecided*
 otherwise (including every comparison of a fingerprint that was never calibrated: two runs cannot be told
 apart without their run-to-run variation). The change is B / A - 1 in the metric's better direction, with
-the interval's worst and best ends. Results whose fingerprints differ are not compared (DESIGN.md: like
+the interval's worst and best ends. Results whose fingerprints differ are not compared (like
 with like).
 
 A reference names a run: ``run:N``, a release tag (``25.05``, of the one repository that has it, or of

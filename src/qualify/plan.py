@@ -185,7 +185,7 @@ def schedule(demands: Iterable[CaseDemand], shape: ClusterShape) -> Plan:
         done = heapq.heappop(running)
         now = done.end_s
         finished = [done]
-        while running and running[0].end_s <= now + 1e-9:
+        while running and running[0].end_s <= now:  # exactly: a tolerance freed a case still running
             finished.append(heapq.heappop(running))
         for item in finished:
             for i in item.nodes:

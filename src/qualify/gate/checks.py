@@ -706,7 +706,7 @@ def check_variant_gains(policy: GatePolicy, cases: Sequence[Case], results: Mapp
 
 def check_variant_evidence(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
     """A training variant counts only when the workload reports that its switch took effect
-    (DESIGN.md, "evidence over flags"): compile produced graphs, checkpointing wrapped layers."""
+    (evidence over flags): compile produced graphs, checkpointing wrapped layers."""
     reasons: list[Reason] = []
     for case in cases:
         result = results.get(case.case_id)

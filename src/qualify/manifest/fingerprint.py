@@ -1,7 +1,7 @@
 """What makes two results comparable: the case's measurement parameters and where it ran.
 
-A result is compared with a baseline result only when their fingerprints match (DESIGN.md, trust
-rules): hardware (device, world size), case parameters (sequence length, micro-batch, ZeRO stage,
+A result is compared with a baseline result only when their fingerprints match (compare like
+with like): hardware (device, world size), case parameters (sequence length, micro-batch, ZeRO stage,
 ...), engine and dtype. Parameters that change what is checked but not what is measured
 (probes, the agreement minimum) are left out, so adding a probe does not orphan the history.
 """

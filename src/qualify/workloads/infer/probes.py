@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 def probe(status: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -51,6 +51,21 @@ def run_probe(name: str, fn: Callable[[], dict[str, Any]], log: logging.Logger |
         (log or logging.getLogger(__name__)).error("probe %s raised %s: %s\n%s", name, type(exc).__name__, exc,
                                                     traceback.format_exc(limit=6))
         return errored(exc)
+
+
+ProbeStep = Callable[[], dict[str, Any]]
+
+
+def run_requested(requested: Sequence[str], steps: Mapping[str, ProbeStep | dict[str, Any]],
+                  log: logging.Logger | None = None) -> dict[str, dict[str, Any]]:
+    """The engines' one probe dispatch: each requested probe that the engine offers, in the engine's order (a
+    later probe may read what an earlier one produced), run through run_probe; a dict instead of a callable is
+    an outcome decided up front (a skip). A probe is never a reason for the case's status."""
+    results: dict[str, dict[str, Any]] = {}
+    for name, step in steps.items():
+        if name in requested:
+            results[name] = step if isinstance(step, dict) else run_probe(name, step, log)
+    return results
 
 
 def longest_run(tokens: Sequence[int]) -> int:

@@ -420,30 +420,31 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     metrics.update(serving)
     samples.update(serving_samples)
 
-    # ---- probes on the quantized model
-    # A probe never changes the case's status; one that raises is reported as "error".
-    probes: dict[str, dict[str, Any]] = {}
-    if "prefix_cache" in p.probes:
-        if p.engine_args.get("enable_prefix_caching") is False:
-            probes["prefix_cache"] = infer_probes.skipped("prefix caching disabled (engine_args)", by_setting=True)
-        else:
-            tie_tol = p.prefix_tie_tol if p.prefix_tie_tol is not None else (1e-3 if dtype == torch.float32 else 0.1)
-            probes["prefix_cache"] = infer_probes.run_probe(
-                "prefix_cache", lambda: prefix_cache_probe(model, tokens, p, max_len, device, tie_tol), log)
-    if "max_model_len" in p.probes:
-        long_out: list[list[int]] = []
+    # ---- probes on the quantized model (infer_probes.run_requested: the one dispatch of both engines), in this
+    # order: the degenerate probe also reads the max_model_len probe's long output.
+    long_out: list[list[int]] = []
 
-        def _long() -> dict[str, Any]:
-            result, out = max_model_len_probe(model, tokens, p, max_len, device, log)
-            if out is not None:
-                long_out.append(out)
-            return result
+    def prefix() -> dict[str, Any]:
+        tie_tol = p.prefix_tie_tol if p.prefix_tie_tol is not None else (1e-3 if dtype == torch.float32 else 0.1)
+        return prefix_cache_probe(model, tokens, p, max_len, device, tie_tol)
 
-        probes["max_model_len"] = infer_probes.run_probe("max_model_len", _long, log)
+    def long_request() -> dict[str, Any]:
+        result, out = max_model_len_probe(model, tokens, p, max_len, device, log)
+        if out is not None:
+            long_out.append(out)
+        return result
+
+    def degenerate() -> dict[str, Any]:
         outputs.extend(long_out)
-    if "degenerate" in p.probes:
-        probes["degenerate"] = infer_probes.run_probe(
-            "degenerate", lambda: infer_probes.check_degenerate(outputs, vocab, p.max_repeat_run, nonfinite), log)
+        return infer_probes.check_degenerate(outputs, vocab, p.max_repeat_run, nonfinite)
+
+    prefix_off = p.engine_args.get("enable_prefix_caching") is False
+    probes = infer_probes.run_requested(p.probes, {
+        "prefix_cache": (infer_probes.skipped("prefix caching disabled (engine_args)", by_setting=True)
+                         if prefix_off else prefix),
+        "max_model_len": long_request,
+        "degenerate": degenerate,
+    }, log)
     metrics["max_model_len"] = max_len
 
     env = environment(device, dtype)

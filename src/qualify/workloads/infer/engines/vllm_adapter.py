@@ -644,27 +644,19 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
     metrics.update(serving)
     samples.update(samples_q)
 
-    # ---- probes
-    probes: dict[str, dict[str, Any]] = {}
+    # ---- probes (infer_probes.run_requested: the one dispatch of both engines)
     max_len = p.engine_args.get("max_model_len")
     try:
         max_len = max_len or int(model_config_of(llm).max_model_len)
     except Exception:  # noqa: BLE001
         pass
     block = _block_size(llm)
-    # A probe never changes the case's status; one that raises is reported as "error".
-    if "prefix_cache" in p.probes:
-        probes["prefix_cache"] = infer_probes.run_probe(
-            "prefix_cache", lambda: _prefix_probe(p, llm, gen, data, max_len or 2048, block), log)
-    if "max_model_len" in p.probes:
-        if not max_len:
-            probes["max_model_len"] = infer_probes.skipped("max_model_len unknown")
-        else:
-            probes["max_model_len"] = infer_probes.run_probe(
-                "max_model_len", lambda: _max_model_len_probe(p, llm, gen, data, max_len, outputs), log)
-    if "degenerate" in p.probes:
-        probes["degenerate"] = infer_probes.run_probe(
-            "degenerate", lambda: infer_probes.check_degenerate(outputs, vocab or 1 << 62, p.max_repeat_run), log)
+    probes = infer_probes.run_requested(p.probes, {
+        "prefix_cache": lambda: _prefix_probe(p, llm, gen, data, max_len or 2048, block),
+        "max_model_len": ((lambda: _max_model_len_probe(p, llm, gen, data, max_len, outputs)) if max_len
+                          else infer_probes.skipped("max_model_len unknown")),
+        "degenerate": lambda: infer_probes.check_degenerate(outputs, vocab or 1 << 62, p.max_repeat_run),
+    }, log)
     metrics["max_model_len"] = max_len
     _shutdown(llm)
     env = _environment()
