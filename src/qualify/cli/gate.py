@@ -148,16 +148,18 @@ def gate_check(image_ref: str = typer.Argument(..., metavar="IMAGE_REF"), db: Op
     if as_json:
         print(json.dumps({**result.to_dict(), **({"judged": note} if note else {})}, indent=2, default=str))
         exit_with(code)
-    if note:
-        say(f"note: {note}")
     if result.verdict is None:
         say(f"NO DECISION: {image_ref} ({digest}) has never been judged by the gate")
+        if note:  # after the verdict line: CI greps the first line
+            say(f"note: {note}")
         for problem in result.problems:
             say(f"  refused: {problem}")
         exit_with(code)
     label = result.verdict if not result.problems else f"REFUSED ({result.verdict} but not for this reference)"
     say(f"{label}: {image_ref} ({digest}) run {result.run} release {result.release} "
         f"decision {result.decision} at {str(result.decided_at)[:19]}")
+    if note:  # after the verdict line: CI greps the first line
+        say(f"note: {note}")
     for problem in result.problems:
         say(f"  refused: {problem}")
     if result.verdict != Verdict.PASS:
