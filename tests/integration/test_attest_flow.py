@@ -28,6 +28,7 @@ def test_a_judged_and_promoted_run_carries_its_attestation(tmp_path: Path, regis
                     "candidate_tag": "1.0-rc1"},
         "build": {"builder": "prebuilt", "reference": registry.ref(f"{ns}/demo", "1.0-rc1")},
         "execution": {"executor": "local", "case_timeout_s": 60, "infra_retries": 1},
+        "gate": {"regression": {"baseline": "optional"}},  # a first release: no previous tag to compare with
         "custom_cases": [{"name": "fast", "kind": "synthetic",
                           "params": {"samples": {"tokens_per_s": [100.0, 101.0, 99.0]}}}],
         "promotion": {"on_pass": True, "targets": [{"name": "public", "reference": target}],

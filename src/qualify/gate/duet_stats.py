@@ -63,7 +63,7 @@ class DuetBlock:
 
 @dataclass(frozen=True)
 class DuetInterval:
-    """The candidate's relative change (positive = worse) with its interval; what the decision rule takes."""
+    """The candidate's throughput change (negative = worse) with its interval; what the decision rule takes."""
 
     estimate: float  # the candidate's throughput change (a step's rate), negative = worse: exp(-delta) - 1
     lower: float  # the worst end (a one-sided bound at 1 - alpha)
