@@ -70,9 +70,10 @@ def test_a_real_duet_through_ray_synchronizes_steps_and_swaps_cores(monkeypatch:
     from qualify.gate.duet_stats import duet_interval
 
     interval = duet_interval(blocks_from_samples(doc["samples"]))
-    # The interval is on the gate's scale: the throughput change, negative = worse: a log time ratio of 0.15..0.9
-    # is a change of exp(-0.9) - 1 .. exp(-0.15) - 1.
-    assert interval is not None and math.exp(-0.9) - 1 < interval.estimate < math.exp(-0.15) - 1, interval
+    # The interval is on the gate's scale: the throughput change, negative = worse. 50% more work is -33% on a quiet
+    # machine; with a neighbour on one of the two cores it was measured between -13% and -22%: asserted is the
+    # direction with a margin, and an upper bound no real slowdown reaches (a log time ratio of 0.9).
+    assert interval is not None and math.exp(-0.9) - 1 < interval.estimate < -0.05, interval
     assert len(doc["samples"]["duet.log_ratio"]) == 48
 
 
@@ -105,6 +106,7 @@ def _run(tmp: Path, db: str, manifest: Path) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.prefect
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="duet needs two cores")
+@pytest.mark.timeout(2400)  # three runs of duet pairs and a paired fallback on two shared cores
 def test_qualify_run_in_duet_mode_passes_identical_code_fails_a_slower_one_and_falls_back(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
     code, first = _run(tmp_path, db, _manifest(tmp_path / "base.yaml", "1.0", None, baseline="optional",
@@ -124,7 +126,7 @@ def test_qualify_run_in_duet_mode_passes_identical_code_fails_a_slower_one_and_f
     # The node cannot hold two sides of the wide case: measured paired, the reason in the result and the verdict.
     wide = results(db, same["run_id"])["synthetic/wide"]["environment"]
     assert wide["duet"]["mode"] == "paired" and "no node can hold both sides" in wide["duet"]["reason"]
-    assert wide["paired"]["pairs"] == 3
+    assert 3 <= wide["paired"]["pairs"] <= 8  # 3 planned, more while the gate is undecided (max_launches 8)
     assert "no node can hold both sides" in reasons["synthetic/wide"]["message"]
 
     # Twice the work per step: beyond any noise this machine makes.
