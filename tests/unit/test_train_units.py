@@ -409,3 +409,21 @@ def test_peak_memory_resets_after_warm_up_on_cpu():
     assert memory.reset() is True                # /proc/self/clear_refs on Linux
     assert memory.peak() < setup - 200 * 2**20   # the training peak starts from here
     assert memory.describe().startswith("VmHWM")
+
+
+def test_a_stale_op_build_lock_is_removed_and_a_fresh_one_kept(tmp_path) -> None:
+    """torch's FileBaton waits without limit on a lock a killed build left: every later launch hung (seen)."""
+    import os
+
+    from qualify.workloads.train.env import STALE_BUILD_LOCK_S, clear_stale_build_locks
+
+    stale, fresh = tmp_path / "deepspeed_shm_comm", tmp_path / "other_op"
+    for folder in (stale, fresh):
+        folder.mkdir()
+        (folder / "lock").write_text("")
+    now = 10_000.0
+    os.utime(stale / "lock", (now - STALE_BUILD_LOCK_S - 1, now - STALE_BUILD_LOCK_S - 1))
+    os.utime(fresh / "lock", (now - 60, now - 60))  # a build running now: never touched
+    assert clear_stale_build_locks(str(tmp_path), now=now) == [str(stale / "lock")]
+    assert not (stale / "lock").exists() and (fresh / "lock").exists()
+    assert clear_stale_build_locks(str(tmp_path / "missing"), now=now) == []

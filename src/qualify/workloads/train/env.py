@@ -19,6 +19,36 @@ _RECORDED = re.compile(r"^(NCCL_|ACCL_|PCCL_|CHECKPOINT_OPTIMIZATION|TORCH_|TORC
                        r"OMP_|KMP_|CUDA_VISIBLE_DEVICES|DS_)")
 
 
+# DeepSpeed's op build takes ~85 s here; a build lock this old was left by a build that was killed.
+STALE_BUILD_LOCK_S = 900.0
+
+
+def clear_stale_build_locks(extensions_dir: str, now: float | None = None,
+                            older_than_s: float = STALE_BUILD_LOCK_S) -> list[str]:
+    """Remove op-build lock files older than older_than_s under TORCH_EXTENSIONS_DIR; the removed paths.
+
+    torch's extension builder serialises builds with a plain lock file (cpp_extension's FileBaton) and waits for it
+    without limit. A build killed midway (a case timeout, a SIGKILL of the run) leaves the file behind, and every
+    later training launch on the machine then sleeps until its case times out."""
+    import time
+
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    try:
+        names = os.listdir(extensions_dir)
+    except OSError:
+        return removed
+    for name in names:
+        lock = os.path.join(extensions_dir, name, "lock")
+        try:
+            if now - os.stat(lock).st_mtime > older_than_s:
+                os.remove(lock)
+                removed.append(lock)
+        except OSError:  # no lock there, or another launch removed it first
+            continue
+    return removed
+
+
 def redact(env: dict[str, Any]) -> dict[str, str]:
     """Secret-looking names and credential-shaped values as "<redacted>" (qualify.workloads.secrets)."""
     return {k: str(v) for k, v in redact_env(env).items()}

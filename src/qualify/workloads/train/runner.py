@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from qualify.workloads import duet, protocol
 from qualify.workloads.settings import WorkloadSettings
-from qualify.workloads.train.env import device_facts, limit_memory, recorded_env, redact
+from qualify.workloads.train.env import clear_stale_build_locks, device_facts, limit_memory, recorded_env, redact
 from qualify.workloads.train.ranks import (RANK_RESULT_DIR, choose_launcher, free_port, gloo_env, is_launched,
                                             launch_command, merge_rank_results, rank_result_path,
                                             read_rank_results, relaunch, single_process_env)
@@ -567,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = WorkloadSettings.from_env()
     os.environ.update(settings.cache_env())
+    for lock in clear_stale_build_locks(settings.torch_extensions_dir):
+        print(f"removed a stale op-build lock left by a killed build: {lock}", file=sys.stderr)
     if settings.rank != 0:
         # Only rank 0 reports on stdout; the other ranks' documents go to stderr.
         sys.stdout = sys.stderr
