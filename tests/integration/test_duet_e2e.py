@@ -91,7 +91,8 @@ def _manifest(path: Path, tag: str, previous: str | None, *, slowdown: float = 0
                     "candidate_tag": f"{tag}-rc1", **({"previous_tag": previous} if previous else {})},
         "execution": {"executor": "local", "case_timeout_s": 120, "infra_retries": 0, "launches": 3},
         "custom_cases": cases,
-        "gate": {"regression": {"baseline": baseline, "max_regression": 0.05, "min_samples": 3}},
+        # max_launches 4: the paired fallback's sequential looks stop at 4 pairs (this test is about structure)
+        "gate": {"regression": {"baseline": baseline, "max_regression": 0.05, "min_samples": 3, "max_launches": 4}},
         "promotion": {"on_pass": False, "targets": [{"name": "public", "reference": f"127.0.0.1:5000/q/pub:{tag}"}]},
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
