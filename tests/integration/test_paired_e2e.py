@@ -59,7 +59,7 @@ def test_paired_runs_interleave_and_judge_pairs(tmp_path: Path) -> None:
     assert samples["paired_baseline.per_launch.tokens_per_s"] == [FIGURES[1], FIGURES[2], FIGURES[1]]
 
     # `runs show` and the report show the pairs.
-    shown = run_qualify(["runs", "show", str(same["run_id"]), "--db", db], tmp_path)
+    shown = run_qualify(["runs", "show", str(same["run_id"]), "--db", db, "--verbose"], tmp_path)
     assert shown.returncode == 0 and "non-inferiority shown" in shown.stdout, shown.stdout
     report = run_qualify(["report", str(same["run_id"]), "--db", db, "--out", str(tmp_path / "rep")], tmp_path)
     assert report.returncode == 0, report.stderr
