@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.gate import good_doc, manifest_text, seed_run
+from support.gate import agreement_parts, good_doc, manifest_text, seed_run
 from support.net import free_port
 from support.paths import REPO
 from support.cli import run_cli
@@ -55,7 +55,12 @@ def test_registry_pushes_to_protected_tags_are_gated(tmp_path: Path, registry_fa
     engine, sessions = open_database(db)
     text = manifest_text(release_extra={"repository": repository, "previous_tag": None})
     docs = {c.case_id: good_doc(c) for c in expand(load_manifest_text(text, check_expiry=False).release)}
-    docs["infer/tq/w8a8"]["metrics"]["token_agreement"] = 0.5
+    # agreement 0.5, as a workload reports it (per-sequence counts and flags): the gate judges the counts
+    quality, counts, record = agreement_parts(0.5)
+    bad_doc = docs["infer/tq/w8a8"]
+    bad_doc["metrics"].update(quality)
+    bad_doc["samples"].update(counts)
+    bad_doc["environment"].update(record)
     with sessions() as s:
         good_run = seed_run(s, text, digest=good).id
         bad_run = seed_run(s, text, digest=bad, docs=docs).id
