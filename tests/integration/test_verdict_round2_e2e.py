@@ -138,7 +138,9 @@ def test_a_waiver_covers_only_what_it_names_and_a_crash_after_the_document_is_a_
     assert (code, out["verdict"]) == (1, "FAIL")
     waived = [(r["check"], r["case_id"], r["figures"]["waiver"]) for r in out["reasons"] if r["status"] == "WAIVED"]
     assert waived and {w[0] for w in waived} == {"threshold:tokens_per_s"} and {w[2] for w in waived} == {"W-all"}
-    assert _reason(out, "regression")["status"] == "FAIL"
+    # not waived, never PASS: the 15% drop is FAIL, or INCOMPLETE where history mode has no calibration of its
+    # run-to-run variation (issue 22: without one, history mode shows nothing either way)
+    assert _reason(out, "regression")["status"] in ("FAIL", "INCOMPLETE")
     [crashed] = [c for c in out["cases"] if c["case_id"] == "synthetic/teardown"]
     assert crashed["error_class"] == "crash" and "after it printed a passed result document" in crashed["error"]
     assert "SIGSEGV" in crashed["error"]
