@@ -28,6 +28,18 @@ def _persistent_caches() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored_after_each_test():
+    """What one test's in-process code puts in os.environ (Ray's single-machine switch, set when a
+    flow starts a local cluster in this process, say) must not change how the next test's
+    subprocesses behave: a `ray start --address` inheriting that switch refuses to join."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def postgres_available() -> bool:
     try:
         import psycopg

@@ -32,7 +32,9 @@ def ray_cluster(tmp_path: Path):
     so that the teardown stops exactly this cluster (never `ray stop`, which stops every Ray)."""
     # The user's own cluster with its own settings (token authentication off here); qualify, joining it,
     # brings the same settings (JOIN_ENV), as any client of that cluster must.
-    env = {**os.environ, **JOIN_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray's single-machine switch must not reach a multi-node cluster: it refuses a second node.
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}, **JOIN_ENV,
+           "RAY_USAGE_STATS_ENABLED": "0"}
     port = free_port()
     temp = f"/tmp/qrc-{port}"
     address = f"127.0.0.1:{port}"

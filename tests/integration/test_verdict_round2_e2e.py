@@ -192,15 +192,25 @@ def test_an_infrastructure_failure_before_the_cases_is_exit_3_in_one_line(tmp_pa
 # --------------------------------------------------------------------------- 6: the database vanishes or is replaced
 
 
-def _wait_for(predicate, timeout_s: float = 300.0, what: str = "") -> None:
+def _wait_for(predicate, proc, timeout_s: float = 300.0, what: str = "") -> None:
+    """Wait for predicate while the run is alive: a run that ended first fails at once, with its output."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}:\n{out}\n{err[-3000:]}")
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _spooled(data_dir: Path, name: str) -> Path | None:
+    """The spooled result of run 1, wherever this database's own data directory (db-<uuid>/) is."""
+    found = sorted(data_dir.glob(f"db-*/spool/run-1/{name}"))
+    return found[0] if found else None
 
 
 @pytest.mark.parametrize("how", ["removed", "replaced"])
@@ -222,9 +232,11 @@ def test_a_database_that_vanishes_mid_run_is_exit_3_with_the_results_spooled(tmp
     env = cli_env(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", f"sqlite:///{db_file}",
                              "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    spooled = tmp_path / "data" / "spool" / "run-1" / "sleep_short.json"
     try:
-        _wait_for(spooled.exists, what="the short case's spooled result")
+        _wait_for(lambda: _spooled(tmp_path / "data", "sleep_short.json") is not None, proc,
+                  what="the short case's spooled result")
+        spooled = _spooled(tmp_path / "data", "sleep_short.json")
+        assert spooled is not None
         if how == "removed":
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{db_file}{suffix}").unlink(missing_ok=True)

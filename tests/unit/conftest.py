@@ -13,6 +13,15 @@ class IsolationBreach(AssertionError):
     pass
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _matplotlib_font_cache() -> None:
+    """matplotlib builds its font cache on first use by running fc-list: a fact of the machine, not of
+    the code under test, so it happens once before the isolation guard (a fresh CI machine has none)."""
+    from matplotlib import font_manager
+
+    font_manager.findfont("DejaVu Sans")
+
+
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_process(self, args, *a, **k):  # type: ignore[no-untyped-def]
