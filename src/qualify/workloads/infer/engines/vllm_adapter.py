@@ -37,6 +37,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from qualify.workloads.infer import checkpoint as infer_checkpoint
@@ -440,17 +441,31 @@ def on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
-    import torch
+@dataclass
+class _Checkpoint:
+    """What the case serves, once prepared: the checkpoint's path (a trained preset, quantized, perhaps with
+    injected broken scales), its reference, and the facts the preparation recorded."""
 
-    cpu = on_cpu()
-    if cpu:  # refuse before training or quantizing anything
+    source: infer_models.ModelSource
+    path: str | None
+    reference_model: str | None
+    params: InferParams  # the case's params with the reference it really uses
+    config: Mapping[str, Any] | None
+    has_tokenizer: bool
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def _prepare_checkpoint(p: InferParams, log: logging.Logger, scratch: str, cpu: bool) -> _Checkpoint:
+    """Refuse what this engine cannot run before training or quantizing anything, then make the checkpoint."""
+    if cpu:
+        import torch
+
         why = vllm_cpu_problem(p.scheme, None if torch.cpu._is_avx512_supported() else frozenset())
         if why:
             raise BadCase(f"scheme: {p.scheme!r} on the CPU vllm engine: {why}")
     source = infer_models.resolve_model(p.model, "vllm")
     path = source.path
-    qenv: dict[str, Any] = {}
+    facts: dict[str, Any] = {}
     reference_model = p.reference_model
     if source.kind == "preset":
         steps = p.train_steps if p.train_steps is not None else DEFAULT_TRAIN_STEPS
@@ -467,133 +482,164 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
                 path, meta = infer_compress.ensure_checkpoint(path, p.scheme, p.seed, infer_models.cache_root(), log)
             except (RuntimeError, OSError, ValueError) as exc:
                 raise WorkloadFailure("load_failed", f"quantizing {p.model} ({p.scheme}): {exc}") from exc
-            qenv.update({f"quantizer_{k}": v for k, v in meta.items() if k != "source"})
+            facts.update({f"quantizer_{k}": v for k, v in meta.items() if k != "source"})
     if p.inject.get("scales_times") is not None:
         if p.scheme == "none" or not path or source.kind == "hub":
             raise BadCase("inject.scales_times: needs a quantized local checkpoint (scheme other than none)")
         broken = os.path.join(scratch, "broken-checkpoint")
         factor = float(p.inject["scales_times"])
-        qenv["inject_scaled_scales"] = _scale_scales(path, broken, factor)
-        log.warning("inject.scales_times: %d scale tensors times %g in a copy of %s", qenv["inject_scaled_scales"],
+        facts["inject_scaled_scales"] = _scale_scales(path, broken, factor)
+        log.warning("inject.scales_times: %d scale tensors times %g in a copy of %s", facts["inject_scaled_scales"],
                     factor, path)
         path = broken
-    p_eff = p if reference_model == p.reference_model else _with_reference(p, reference_model)
+    params = p if reference_model == p.reference_model else _with_reference(p, reference_model)
     config = infer_models.read_config_json(path) if source.kind != "hub" else None
     check_scheme(p, config)
-    meta = infer_models.read_preset_meta(path)
-    has_tok = meta is None
-    try:
-        import vllm
-        from vllm import LLM, SamplingParams
-    except ImportError as exc:
-        raise WorkloadFailure("load_failed", f"vllm is not importable in this image: {exc}") from exc
-    try:
-        import dataclasses as _dc
+    return _Checkpoint(source, path, reference_model, params, config,
+                       has_tokenizer=infer_models.read_preset_meta(path) is None, facts=facts)
 
-        from vllm.engine.arg_utils import EngineArgs
 
-        engine_fields = {f.name for f in _dc.fields(EngineArgs)}
-    except Exception:  # noqa: BLE001
-        engine_fields = set()
-    vocab = int((config or {}).get("vocab_size") or 0)
-    full_logprobs = 0 < vocab <= FULL_LOGPROBS_MAX_VOCAB
-    k_eval = vocab if full_logprobs else p.top_k
+class _Engine:
+    """vLLM for one case: how a checkpoint is loaded (the same engine arguments for the reference and the
+    candidate) and how token ids are generated from."""
 
-    def kwargs_for(model_path: str, reference: bool) -> dict[str, Any]:
-        cfg = config if not reference else infer_models.read_config_json(model_path)
-        kw = llm_kwargs(p, model_path, cfg, reference=reference, has_tokenizer=has_tok)
-        if full_logprobs:
-            kw.setdefault("max_logprobs", vocab)
-        return device_kwargs(kw, cpu=cpu, engine_fields=engine_fields, env=os.environ)
-
-    def load(model_path: str, reference: bool):
-        kwargs = kwargs_for(model_path, reference)
-        log.info("vllm.LLM(%s)", kwargs)
+    def __init__(self, p: InferParams, ckpt: _Checkpoint, cpu: bool, log: logging.Logger) -> None:
         try:
-            return LLM(**kwargs)
+            import vllm
+            from vllm import LLM, SamplingParams
+        except ImportError as exc:
+            raise WorkloadFailure("load_failed", f"vllm is not importable in this image: {exc}") from exc
+        try:
+            import dataclasses as _dc
+
+            from vllm.engine.arg_utils import EngineArgs
+
+            self.engine_fields = {f.name for f in _dc.fields(EngineArgs)}
+        except Exception:  # noqa: BLE001
+            self.engine_fields = set()
+        self.p, self.ckpt, self.cpu, self.log = p, ckpt, cpu, log
+        self.version = str(vllm.__version__)
+        self.llm_cls, self.sampling_cls = LLM, SamplingParams
+        self.vocab = int((ckpt.config or {}).get("vocab_size") or 0)
+        self.full_logprobs = 0 < self.vocab <= FULL_LOGPROBS_MAX_VOCAB
+        self.k_eval = self.vocab if self.full_logprobs else p.top_k
+
+    def kwargs_for(self, model_path: str | None, reference: bool) -> dict[str, Any]:
+        cfg = self.ckpt.config if not reference else infer_models.read_config_json(model_path)
+        kw = llm_kwargs(self.p, model_path, cfg, reference=reference, has_tokenizer=self.ckpt.has_tokenizer)
+        if self.full_logprobs:
+            kw.setdefault("max_logprobs", self.vocab)
+        return device_kwargs(kw, cpu=self.cpu, engine_fields=self.engine_fields, env=os.environ)
+
+    def load(self, model_path: str | None, reference: bool) -> Any:
+        kwargs = self.kwargs_for(model_path, reference)
+        self.log.info("vllm.LLM(%s)", kwargs)
+        try:
+            llm = self.llm_cls(**kwargs)
         except Exception as exc:  # noqa: BLE001
             if classify_error(exc) == "oom":
                 raise WorkloadFailure("oom", f"loading {model_path}: {type(exc).__name__}: {exc}") from exc
             raise WorkloadFailure("load_failed", f"loading {model_path}: {type(exc).__name__}: {exc}") from exc
+        if not self.vocab and self.ckpt.has_tokenizer:
+            self.vocab = len(llm.get_tokenizer())
+        return llm
 
-    def gen(llm, ids_list, **skw):
-        sp = SamplingParams(**sampling_kwargs(p, detokenize=has_tok, **skw))
+    def gen(self, llm: Any, ids_list: Sequence[Sequence[int]], **skw: Any) -> Any:
+        sp = self.sampling_cls(**sampling_kwargs(self.p, detokenize=self.ckpt.has_tokenizer, **skw))
         return llm.generate([{"prompt_token_ids": [int(t) for t in ids]} for ids in ids_list], sp, use_tqdm=False)
 
-    metrics: dict[str, Any] = {}
-    qenv.update(_quantization_readback(p_eff, source, path, metrics, log))
-    tokenizer = infer_models.load_tokenizer(path) if has_tok and path and source.kind != "hub" else None
-
-    # ---- reference first (only its teacher-forced logprobs are needed), then release it; the case's
-    # first launch only (runner.first_launch), per sequence (the gate's sampling unit)
-    ref_positions: list[list[dict[int, float]]] | None = None
-    ref_actual: list[float] = []
-    data = None
-    eval_seqs: list[list[int]] = []
-    evaluate = p.evaluate_agreement
-    t_eval = 0.0
-    if reference_model is not None and evaluate:
-        t0 = time.monotonic()
-        ref_src = infer_models.resolve_model(reference_model, "vllm", param="reference_model")
-        ref = load(ref_src.path, reference=True)
-        if not vocab and has_tok:
-            vocab = len(ref.get_tokenizer())
-        data = infer_models.token_source_for(source, path, vocab, p.seed, tokenizer or (
-            ref.get_tokenizer() if has_tok else None))
-        eval_seqs = data.eval_sequences(p.eval_windows, p.eval_tokens + 1).tolist()
-        ref_positions, ref_actual = [], []
-        for ids, out in zip(eval_seqs, gen(ref, eval_seqs, max_tokens=1, prompt_logprobs=k_eval)):
+    def teacher_forced(self, llm: Any, seqs: list[list[int]]) -> tuple[list[list[dict[int, float]]], list[float]]:
+        """Per sequence, the engine's logprobs at every position given the true prefix, and the true tokens'."""
+        positions: list[list[dict[int, float]]] = []
+        actual: list[float] = []
+        for ids, out in zip(seqs, self.gen(llm, seqs, max_tokens=1, prompt_logprobs=self.k_eval)):
             pos, act = teacher_forced_positions(parse_request_output(out), ids)
-            ref_positions.append(pos)
-            ref_actual += act
-        _shutdown(ref)
-        t_eval += time.monotonic() - t0
+            positions.append(pos)
+            actual += act
+        return positions, actual
 
+
+@dataclass
+class _Reference:
+    positions: list[list[dict[int, float]]] | None = None
+    actual: list[float] = field(default_factory=list)
+    data: Any = None
+    seconds: float = 0.0
+
+
+def _reference_positions(p: InferParams, eng: _Engine, ckpt: _Checkpoint, tokenizer: Any) -> _Reference:
+    """The reference's teacher-forced logprobs, then the reference released; the case's first launch only
+    (runner.first_launch), per sequence (the gate's sampling unit)."""
+    if ckpt.reference_model is None or not p.evaluate_agreement:
+        return _Reference()
     t0 = time.monotonic()
-    llm = load(path, reference=False)
-    metrics["load_time_s"] = time.monotonic() - t0
-    if not vocab and has_tok:
-        vocab = len(llm.get_tokenizer())
-    if data is None:
-        data = infer_models.token_source_for(source, path, vocab, p.seed,
-                                             tokenizer or (llm.get_tokenizer() if has_tok else None))
-    kl_reason = None
-    agreement_env: dict[str, Any] = {"agreement_evaluated": evaluate}
-    samples_q: dict[str, list[float]] = {}
-    if evaluate:
-        t0 = time.monotonic()
-        eval_seqs = data.eval_sequences(p.eval_windows, p.eval_tokens + 1).tolist()
-        q_positions: list[list[dict[int, float]]] = []
-        q_actual: list[float] = []
-        for ids, out in zip(eval_seqs, gen(llm, eval_seqs, max_tokens=1, prompt_logprobs=k_eval)):
-            pos, act = teacher_forced_positions(parse_request_output(out), ids)
-            q_positions.append(pos)
-            q_actual += act
-        if ref_positions is None and p.scheme == "none":
-            ref_positions, ref_actual = q_positions, q_actual  # the model is its own reference
-        if ref_positions is not None:
-            quality, flags = infer_metrics.compare_topk_by_sequence(ref_positions, q_positions, p.top_k,
-                                                                    full_vocab=vocab if full_logprobs else None)
-            metrics.update(quality)
-            metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual),
-                                                            infer_metrics.mean_nll(ref_actual)))
-            samples_q, record_env = infer_metrics.agreement_record(flags, infer_metrics.data_digest(eval_seqs))
-            agreement_env.update(record_env)
-            if metrics.get("kl_div_mean") is None:
-                kl_reason = (f"the engine returned top-{k_eval} logprobs, not full distributions (vocabulary "
-                             f"{vocab or 'unknown'} > {FULL_LOGPROBS_MAX_VOCAB})")
-        else:
-            log.warning("no reference_model: agreement not measured for a pre-quantized checkpoint")
-            metrics.update({"token_agreement": None, "topk_overlap": None, "kl_div_mean": None})
-            metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual), None))
-            kl_reason = "no reference model"
-        metrics["agreement_eval_s"] = t_eval + time.monotonic() - t0
-    else:
-        log.info("agreement not evaluated in this launch (the case's first launch evaluates it)")
+    ref_src = infer_models.resolve_model(ckpt.reference_model, "vllm", param="reference_model")
+    ref = eng.load(ref_src.path, reference=True)
+    data = infer_models.token_source_for(ckpt.source, ckpt.path, eng.vocab, p.seed, tokenizer or (
+        ref.get_tokenizer() if ckpt.has_tokenizer else None))
+    positions, actual = eng.teacher_forced(ref, data.eval_sequences(p.eval_windows, p.eval_tokens + 1).tolist())
+    _shutdown(ref)
+    return _Reference(positions, actual, data, time.monotonic() - t0)
 
-    # ---- serving: batched throughput per repeat; per-request timings from the engine
-    # Each repeat sends its own prompts, and the prefix cache is emptied before every repeat: a
-    # repeat served from the cache would not measure prefill.
+
+@dataclass
+class _Agreement:
+    metrics: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    kl_null_reason: str | None = None
+    windows: int | None = None
+
+
+def _agreement(p: InferParams, eng: _Engine, llm: Any, data: Any, ref: _Reference, log: logging.Logger
+               ) -> _Agreement:
+    """Agreement of the served checkpoint with its reference, position by position, blocked by sequence."""
+    out = _Agreement(environment={"agreement_evaluated": p.evaluate_agreement})
+    if not p.evaluate_agreement:
+        log.info("agreement not evaluated in this launch (the case's first launch evaluates it)")
+        return out
+    t0 = time.monotonic()
+    eval_seqs = data.eval_sequences(p.eval_windows, p.eval_tokens + 1).tolist()
+    out.windows = len(eval_seqs)
+    q_positions, q_actual = eng.teacher_forced(llm, eval_seqs)
+    ref_positions, ref_actual = ref.positions, ref.actual
+    if ref_positions is None and p.scheme == "none":
+        ref_positions, ref_actual = q_positions, q_actual  # the model is its own reference
+    if ref_positions is not None:
+        quality, flags = infer_metrics.compare_topk_by_sequence(ref_positions, q_positions, p.top_k,
+                                                                full_vocab=eng.vocab if eng.full_logprobs else None)
+        out.metrics.update(quality)
+        out.metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual),
+                                                            infer_metrics.mean_nll(ref_actual)))
+        out.samples, record_env = infer_metrics.agreement_record(flags, infer_metrics.data_digest(eval_seqs))
+        out.environment.update(record_env)
+        if out.metrics.get("kl_div_mean") is None:
+            out.kl_null_reason = (f"the engine returned top-{eng.k_eval} logprobs, not full distributions "
+                                  f"(vocabulary {eng.vocab or 'unknown'} > {FULL_LOGPROBS_MAX_VOCAB})")
+    else:
+        log.warning("no reference_model: agreement not measured for a pre-quantized checkpoint")
+        out.metrics.update({"token_agreement": None, "topk_overlap": None, "kl_div_mean": None})
+        out.metrics.update(infer_metrics.perplexity_figures(infer_metrics.mean_nll(q_actual), None))
+        out.kl_null_reason = "no reference model"
+    out.metrics["agreement_eval_s"] = ref.seconds + time.monotonic() - t0
+    return out
+
+
+@dataclass
+class _Serving:
+    metrics: dict[str, Any]
+    samples: dict[str, list[float]]
+    outputs: list[list[int]]  # the first repeat's generated tokens (the probes read them)
+    timing: str | None
+    itl_source: str | None
+    resets_asked: int | None
+    resets_refused: int | None
+
+
+def _serve(p: InferParams, eng: _Engine, llm: Any, data: Any, log: logging.Logger) -> _Serving:
+    """Batched throughput per repeat, and per-request timings from the engine. Each repeat sends its own
+    prompts, and the prefix cache is emptied before every repeat: a repeat served from the cache would not
+    measure prefill."""
     reset = getattr(llm, "reset_prefix_cache", None)
     resets = {"asked": 0, "refused": 0}
 
@@ -606,7 +652,7 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
 
     warm_prompts = data.prompts(p.num_prompts, p.prompt_len, repeat=p.repeats).tolist()
     for i in range(p.warmup):
-        gen(llm, [warm_prompts[i % len(warm_prompts)]], max_tokens=p.max_new_tokens)
+        eng.gen(llm, [warm_prompts[i % len(warm_prompts)]], max_tokens=p.max_new_tokens)
     rates: list[float] = []
     outputs: list[list[int]] = []
     records: list[dict[str, Any]] = []
@@ -615,7 +661,7 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
         prompts = data.prompts(p.num_prompts, p.prompt_len, repeat=rep).tolist()
         empty_prefix_cache()
         start = time.perf_counter()
-        outs = gen(llm, prompts, max_tokens=p.max_new_tokens)
+        outs = eng.gen(llm, prompts, max_tokens=p.max_new_tokens)
         end = time.perf_counter()
         recs = [parse_request_output(o) for o in outs]
         rates.append(sum(len(r["tokens"]) for r in recs) / max(end - start, 1e-9))
@@ -626,7 +672,7 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
     if records:
         # ITL from the engine's timestamps: one request stepped token by token, the engine's
         # last_token_ts read after every step (the offline API returns finished requests only).
-        itl = _engine_itl(llm, SamplingParams, p, prompts, has_tok, log)
+        itl = _engine_itl(llm, eng.sampling_cls, p, prompts, eng.ckpt.has_tokenizer, log)
         if itl:
             records[0] = {**records[0], "itl_s": itl}
             itl_source = "engine last_token_ts per decode step (LLMEngine.step)"
@@ -634,15 +680,38 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
         for ids in prompts:
             empty_prefix_cache()
             t = time.perf_counter()
-            gen(llm, [ids], max_tokens=1)
+            eng.gen(llm, [ids], max_tokens=1)
             ttft = time.perf_counter() - t
             empty_prefix_cache()
             t = time.perf_counter()
-            out = gen(llm, [ids], max_tokens=p.max_new_tokens)[0]
+            out = eng.gen(llm, [ids], max_tokens=p.max_new_tokens)[0]
             records.append(parse_request_output(out, wall_start=t, wall_end=time.perf_counter(), wall_ttft=ttft))
     serving, samples = infer_metrics.serving_summary(records, rates)
-    metrics.update(serving)
-    samples.update(samples_q)
+    return _Serving(serving, samples, outputs, records[0]["timing"] if records else None, itl_source,
+                    resets["asked"] if reset is not None else None, resets["refused"] if reset is not None else None)
+
+
+def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
+    cpu = on_cpu()
+    ckpt = _prepare_checkpoint(p, log, scratch, cpu)
+    eng = _Engine(p, ckpt, cpu, log)
+    metrics: dict[str, Any] = {}
+    qenv = dict(ckpt.facts)
+    qenv.update(_quantization_readback(ckpt.params, ckpt.source, ckpt.path, metrics, log))
+    tokenizer = (infer_models.load_tokenizer(ckpt.path)
+                 if ckpt.has_tokenizer and ckpt.path and ckpt.source.kind != "hub" else None)
+
+    ref = _reference_positions(p, eng, ckpt, tokenizer)
+    t0 = time.monotonic()
+    llm = eng.load(ckpt.path, reference=False)
+    metrics["load_time_s"] = time.monotonic() - t0
+    data = ref.data or infer_models.token_source_for(ckpt.source, ckpt.path, eng.vocab, p.seed, tokenizer or (
+        llm.get_tokenizer() if ckpt.has_tokenizer else None))
+    agreement = _agreement(p, eng, llm, data, ref, log)
+    metrics.update(agreement.metrics)
+    serving = _serve(p, eng, llm, data, log)
+    metrics.update(serving.metrics)
+    samples = {**serving.samples, **agreement.samples}
 
     # ---- probes (infer_probes.run_requested: the one dispatch of both engines)
     max_len = p.engine_args.get("max_model_len")
@@ -652,27 +721,27 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
         pass
     block = _block_size(llm)
     probes = infer_probes.run_requested(p.probes, {
-        "prefix_cache": lambda: _prefix_probe(p, llm, gen, data, max_len or 2048, block),
-        "max_model_len": ((lambda: _max_model_len_probe(p, llm, gen, data, max_len, outputs)) if max_len
-                          else infer_probes.skipped("max_model_len unknown")),
-        "degenerate": lambda: infer_probes.check_degenerate(outputs, vocab or 1 << 62, p.max_repeat_run),
+        "prefix_cache": lambda: _prefix_probe(p, llm, eng.gen, data, max_len or 2048, block),
+        "max_model_len": ((lambda: _max_model_len_probe(p, llm, eng.gen, data, max_len, serving.outputs))
+                          if max_len else infer_probes.skipped("max_model_len unknown")),
+        "degenerate": lambda: infer_probes.check_degenerate(serving.outputs, eng.vocab or 1 << 62, p.max_repeat_run),
     }, log)
     metrics["max_model_len"] = max_len
     _shutdown(llm)
     env = _environment()
-    env.update({"vllm_api": api_name(str(vllm.__version__)), "device": "cpu" if cpu else "cuda",
-                "scheme": p.scheme, "model": p.model, "model_path": path, "reference_model": reference_model,
-                "llm_kwargs": {k: v for k, v in kwargs_for(path, False).items()
+    env.update({"vllm_api": api_name(eng.version), "device": "cpu" if cpu else "cuda",
+                "scheme": p.scheme, "model": p.model, "model_path": ckpt.path, "reference_model": ckpt.reference_model,
+                "llm_kwargs": {k: v for k, v in eng.kwargs_for(ckpt.path, False).items()
                                if isinstance(v, (str, int, float, bool)) or v is None},
-                "timing": records[0]["timing"] if records else None, "itl_source": itl_source,
-                "kv_cache_block_size": block, "logprobs": "full" if full_logprobs else f"top-{k_eval}",
-                "kl_div_null_reason": kl_reason, "eval_windows": len(eval_seqs) if evaluate else None,
-                "prefix_cache_resets": resets["asked"] if reset is not None else None,
-                "prefix_cache_resets_refused": resets["refused"] if reset is not None else None,
+                "timing": serving.timing, "itl_source": serving.itl_source,
+                "kv_cache_block_size": block, "logprobs": "full" if eng.full_logprobs else f"top-{eng.k_eval}",
+                "kl_div_null_reason": agreement.kl_null_reason, "eval_windows": agreement.windows,
+                "prefix_cache_resets": serving.resets_asked,
+                "prefix_cache_resets_refused": serving.resets_refused,
                 "prompts_per_repeat": "distinct prompts for every repeat and for the warm-up"})
     env.update(data.facts())
     env.update(qenv)
-    env.update(agreement_env)
+    env.update(agreement.environment)
     return {"metrics": metrics, "samples": samples, "probes": probes, "environment": env}
 
 
