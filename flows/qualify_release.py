@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.futures import wait as wait_for_all
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
@@ -64,17 +65,24 @@ def _initial_name() -> str:
         return f"qualify {manifest}"
 
 
-def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> None:
+def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> Any:
     """Name the flow run as people look for it in the UI: `<release>:<tag> run <id>` (the run id is known only
-    now that the run is open)."""
+    now that the run is open). Returns the logger to use from here on: Prefect's loggers carry the flow run's
+    name from the run context, so the context's copy is renamed too, and the flow's and later task runs' log
+    lines (a worker's log, the console) say the new name instead of the interim one."""
     if not flow_run.id:
-        return
+        return logger
     name = f"{ctx.manifest.release.name}:{ctx.manifest.release.tag} run {ctx.run_id}"
     try:
         with get_client(sync_client=True) as client:
             client.update_flow_run(flow_run.id, name=name)
     except Exception as exc:  # noqa: BLE001 - a label; the run goes on
         logger.warning("the flow run keeps its first name (rename to %r failed: %s)", name, exc)
+        return logger
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None:
+        context.flow_run.name = name
+    return get_run_logger()
 
 
 @flow(name="qualify-release", flow_run_name=_initial_name, log_prints=True)
@@ -102,7 +110,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
     try:  # from here on, whatever fails marks the run (never left "running")
         identity = database_identity.capture(sessions, ctx.run_id)  # confirmed before the verdict
         ctx.bind_flow_run(str(flow_run.id) if flow_run.id else None)
-        _name_flow_run(ctx, logger)
+        logger = _name_flow_run(ctx, logger)
         ctx.stage("setup", time.monotonic() - started)
         ctx.start_heartbeat()
         ctx.progress.listeners.extend(process_listeners())  # the CLI's progress line, when it drives this run

@@ -29,6 +29,9 @@ class CheckStatus(StrEnum):
     WAIVED = "WAIVED"
     NO_BASELINE = "NO-BASELINE"
     INCOMPLETE = "INCOMPLETE"
+    # A fact the verdict discloses (where an MFU's peak came from, or why there is none): not a check, so it
+    # counts neither as passed nor as failed. A figure that could not be computed is never a passed check.
+    NOTE = "NOTE"
 
 
 class RunStatus(StrEnum):

@@ -65,6 +65,10 @@ def test_compare_two_releases(db_url: str, sessions) -> None:
     for bad in (["9.9", "1.1"], ["run:99", "1.1"], ["run:x", "1.1"], [f"{REPOSITORY}@sha256:{'a' * 64}", "1.1"]):
         refused = invoke("compare", *bad, "--db", db_url)
         assert refused.exit_code == 2, (bad, refused.output)
+    # a run compared with itself, under any pair of names for it, is refused with a word (issue 26.9)
+    for same in (["1.1", "1.1"], [f"run:{line.run_b}", "1.1"], [f"{REPOSITORY}:1.0", f"run:{line.run_a}"]):
+        refused = invoke("compare", *same, "--db", db_url)
+        assert refused.exit_code == 2 and "same run" in refused.output, (same, refused.output)
 
 
 def test_a_tag_in_two_repositories_must_be_qualified(sessions) -> None:

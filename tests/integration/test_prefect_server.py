@@ -75,6 +75,12 @@ def test_deployment_runs_and_publishes_artifacts(tmp_path: Path, prefect_server)
     started = _prefect(["deployment", "run", "qualify-release/qualify-release", "--param", f"manifest={manifest}"],
                        env)
     assert started.returncode == 0, started.stdout + started.stderr
+    # A mistyped manifest, run from the UI as a person would: a field misspelled (issue 26.10).
+    mistyped = tmp_path / "mistyped.yaml"
+    mistyped.write_text(manifest.read_text().replace("execution:", "exection:", 1))
+    assert "exection:" in mistyped.read_text()
+    bad = _prefect(["deployment", "run", "qualify-release/qualify-release", "--param", f"manifest={mistyped}"], env)
+    assert bad.returncode == 0, bad.stdout + bad.stderr
 
     worker_log = open(tmp_path / "worker.log", "w")
     worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "qualify-process", "--run-once"], env=env,
@@ -86,11 +92,23 @@ def test_deployment_runs_and_publishes_artifacts(tmp_path: Path, prefect_server)
             os.killpg(worker.pid, 9)
         worker_log.close()
 
+    log_text = (tmp_path / "worker.log").read_text()
     with httpx.Client(base_url=api, timeout=30) as client:
         runs = client.post("/flow_runs/filter", json={}).json()
-        assert len(runs) == 1, runs
-        flow_run = runs[0]
-        assert flow_run["state_type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-4000:]
+        assert len(runs) == 2, runs
+        [refused] = [r for r in runs if r["parameters"]["manifest"] == str(mistyped)]
+        [flow_run] = [r for r in runs if r["parameters"]["manifest"] == str(manifest)]
+        assert flow_run["state_type"] == "COMPLETED", log_text[-4000:]
+        # the mistyped manifest: Failed, with the field and the file in the state's message, and no traceback
+        # anywhere in the worker's log (the error says what to fix)
+        assert refused["state_type"] == "FAILED", log_text[-4000:]
+        message = refused["state"]["message"] or ""
+        assert "exection" in message and "mistyped.yaml" in message, message
+        assert "Traceback" not in log_text, log_text[-6000:]
+        # after the rename, the run logs under its final name (never the interim `run …`)
+        [counted] = [line for line in log_text.splitlines() if ": 3 cases" in line]
+        assert "served:2.0 run 1" in counted, counted
+        assert not [line for line in log_text.splitlines() if "run …" in line and "candidate" in line], log_text
         task_runs = client.post("/task_runs/filter", json={}).json()
         names = {t["name"] for t in task_runs}
         assert {"sleep/nap/0000", "sleep/nap/0001", "sleep/nap/0002"} <= names

@@ -76,7 +76,7 @@ def baseline(rel):
 def test_all_good_with_baseline_passes(rel, good, baseline):
     verdict = judge(rel, good, baseline=baseline)
     assert verdict.verdict == "PASS", [r.to_dict() for r in verdict.reasons if r.status != "PASS"]
-    assert {r.status for r in verdict.reasons} == {"PASS"}
+    assert {r.status for r in verdict.reasons} == {"PASS", "NOTE"}  # NOTE: each MFU's peak source
     checks = {r.check for r in verdict.reasons}
     assert {"completeness", "component:torch", "threshold:tokens_per_s", "threshold:latency_s_p90",
             "agreement", "probe:prefix_cache", "regression", "variant_gain"} <= checks
@@ -118,7 +118,7 @@ def test_reasons_are_json_dicts_with_the_cli_keys(rel, good, baseline):
     json.dumps(dicts, allow_nan=False)
     for d in dicts:
         assert set(d) >= {"check", "case_id", "status", "message", "figures"}
-        assert d["status"] in ("PASS", "FAIL", "WAIVED", "NO-BASELINE", "INCOMPLETE")
+        assert d["status"] in ("PASS", "FAIL", "WAIVED", "NO-BASELINE", "INCOMPLETE", "NOTE")
         assert d["message"] and "\n" not in d["message"]
 
 
@@ -644,6 +644,11 @@ def test_a_null_mfu_is_said_in_the_verdict(rel, good):
     verdict = judge(rel, replace(good, case, environment=env))
     [reason] = only(verdict, "mfu", case)
     assert "MFU not computed" in reason.message and "PPU/bf16" in reason.message
+    # a figure that could not be computed is disclosed, never counted as a passed check (issue 26.8)
+    assert reason.status == "NOTE" and verdict.counts().get("PASS", 0) == sum(
+        r.status == "PASS" for r in verdict.reasons if r.check != "mfu")
+    assert all(r.status == "NOTE" for r in verdict.reasons if r.check == "mfu")
+    assert verdict.verdict == judge(rel, good).verdict  # a NOTE decides nothing
 
 
 def test_a_manifest_peak_needs_its_source():

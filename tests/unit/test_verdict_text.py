@@ -40,6 +40,14 @@ def test_attention_first_and_the_passes_folded() -> None:
         "FAIL", "INCOMPLETE", "PASS"]
 
 
+def test_a_note_is_folded_and_counted_apart_from_the_passes() -> None:
+    notes = [_reason("NOTE", "mfu", "MFU not computed: no peak FLOP/s for cpu/fp32")] * 2
+    lines = reason_lines(REASONS + notes)
+    assert lines[-1] == "41 passed, 2 notes (--verbose lists them)" and len(lines) == 3
+    assert reason_lines(REASONS + notes, verbose=True)[-1].startswith("NOTE")
+    assert counts(REASONS + notes) == "1 INCOMPLETE, 1 WAIVED, 41 PASS, 2 NOTE"
+
+
 def test_headline_names_the_first_deciding_reason() -> None:
     assert headline("INCOMPLETE", REASONS) == "INCOMPLETE: regression: no baseline run of 0.9"
     two = [_reason("FAIL", "case_status", "a crashed"), _reason("FAIL", "agreement", "b disagrees")]

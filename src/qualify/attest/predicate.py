@@ -34,7 +34,7 @@ class Digest(_Model):
 class Check(_Model):
     check: str
     case_id: str | None
-    status: str  # PASS | FAIL | INCOMPLETE | WAIVED | NO_BASELINE
+    status: str  # PASS | FAIL | INCOMPLETE | WAIVED | NO-BASELINE | NOTE
     reason: str
 
 

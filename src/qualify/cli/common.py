@@ -108,5 +108,10 @@ class QualifyGroup(typer.core.TyperGroup):
             ctx.exit(int(ExitCode.INFRA))
 
 
+def examples(*lines: str) -> str:
+    """A command's --help epilog: one example per paragraph (rich help keeps paragraphs, joins lines)."""
+    return "\n\n".join(["Examples:", *lines])
+
+
 def new_app(**kwargs: Any) -> typer.Typer:
     return typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, **kwargs)

@@ -33,6 +33,9 @@ def compare(ref_a: str = typer.Argument(..., metavar="REF_A", help="the referenc
     it a regression, within tolerance, an improvement or undecided (the gate's rule). A tag stands for its newest PASS run (else its newest finished run)."""
     with open_db(db, migrate=False)() as session:
         a, b = _resolve_pair(session, ref_a, ref_b, repository)
+        if a.run_id == b.run_id:  # a run compared with itself says nothing: every change would be 0
+            raise BadInput(f"{ref_a!r} and {ref_b!r} are the same run ({a.run_id}): compare two different runs "
+                           f"(run:N names one run)")
         result = compare_runs(session, a, b, metric or None)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2, default=str))

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import typer
 
-from qualify.cli.common import DbOption, InsecureOption, JsonOption, exit_with, new_app, open_db, say
+from qualify.cli.common import DbOption, InsecureOption, JsonOption, examples, exit_with, new_app, open_db, say
 from qualify.errors import BadInput, ExitCode
 from qualify.outcomes import Verdict
 from qualify.report.verdict_text import reason_lines
@@ -42,7 +42,7 @@ def _verdict_exit(verdict: str | None) -> ExitCode:
     return ExitCode.OK if verdict == Verdict.PASS else ExitCode.FAIL
 
 
-@gate_app.command("evaluate")
+@gate_app.command("evaluate", epilog=examples("qualify gate evaluate 12 --verbose"))
 def gate_evaluate(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,
                   dry_run: bool = typer.Option(False, "--dry-run", help="judge and print; record nothing"),
                   today: Optional[str] = typer.Option(None, "--today", metavar="YYYY-MM-DD",
@@ -116,7 +116,9 @@ def _resolve_tag(ref: ImageRef, insecure: list[str]) -> str:
         raise BadInput(f"cannot resolve {ref}: {type(exc).__name__}: {exc}") from None
 
 
-@gate_app.command("check")
+@gate_app.command("check", epilog=examples(
+    "qualify gate check 127.0.0.1:5000/qualify/training-xpu-pytorch:25.05 && podman push ...",
+    "qualify gate check registry.example.com/team/img@sha256:... --json"))
 def gate_check(image_ref: str = typer.Argument(..., metavar="IMAGE_REF"), db: Optional[str] = DbOption,
                insecure_registry: Optional[list[str]] = InsecureOption,
                release: Optional[str] = typer.Option(None, "--release", metavar="NAME",

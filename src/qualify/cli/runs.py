@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from qualify.cli.common import DbOption, JsonOption, new_app, open_db, out
+from qualify.cli.common import DbOption, JsonOption, examples, new_app, open_db, out
 from qualify.errors import BadInput
 from qualify.report.views import run_detail, run_summary
 from qualify.report.verdict_text import reason_lines
@@ -17,7 +17,7 @@ from qualify.store import repo
 runs_app = new_app(help="Read qualification runs.")
 
 
-@runs_app.command("list")
+@runs_app.command("list", epilog=examples("qualify runs list --limit 5"))
 def runs_list(db: Optional[str] = DbOption, limit: int = typer.Option(20, min=1),
               as_json: bool = JsonOption) -> None:
     """The newest runs."""
@@ -37,7 +37,7 @@ def runs_list(db: Optional[str] = DbOption, limit: int = typer.Option(20, min=1)
     out.print(table)
 
 
-@runs_app.command("show")
+@runs_app.command("show", epilog=examples("qualify runs show 12", "qualify runs show 12 --verbose"))
 def runs_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str] = DbOption,
               as_json: bool = JsonOption,
               verbose: bool = typer.Option(False, "--verbose", "-v", help="list every check, the passed ones too")

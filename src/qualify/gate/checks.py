@@ -26,8 +26,8 @@ from qualify.manifest import WAIVABLE_CHECKS, WAIVABLE_FAMILIES, Component, Gate
 from qualify.outcomes import CheckStatus
 from qualify.workloads.infer import metrics as infer_metrics
 
-PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WAIVED,
-                                               CheckStatus.NO_BASELINE, CheckStatus.INCOMPLETE)
+PASS, FAIL, WAIVED, NO_BASELINE, INCOMPLETE, NOTE = (CheckStatus.PASS, CheckStatus.FAIL, CheckStatus.WAIVED,
+                                                     CheckStatus.NO_BASELINE, CheckStatus.INCOMPLETE, CheckStatus.NOTE)
 REASON_STATUSES = tuple(CheckStatus)
 
 # Checks a waiver can cover; completeness (a case that did not produce a good result) cannot be waived.
@@ -739,7 +739,8 @@ def check_variant_evidence(cases: Sequence[Case], results: Mapping[str, ResultDa
 
 def check_mfu_reported(cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
     """Say in the verdict where each training MFU's peak came from, and why an MFU is null (an unknown
-    (device, dtype) pair): a null MFU is never a silent gap (a threshold on `mfu` fails on it)."""
+    (device, dtype) pair): a null MFU is never a silent gap (a threshold on `mfu` fails on it). Both are NOTEs:
+    disclosures, not checks, so a figure that could not be computed never counts as a passed check."""
     reasons: list[Reason] = []
     for case in cases:
         result = results.get(case.case_id)
@@ -748,10 +749,10 @@ def check_mfu_reported(cases: Sequence[Case], results: Mapping[str, ResultData])
         mfu, env = _num(result.metrics.get("mfu")), result.environment
         if mfu is None:
             why = env.get("mfu_null_reason") or "no peak FLOP/s for this device and dtype"
-            reasons.append(Reason("mfu", case.case_id, PASS, f"MFU not computed: {why}", {"mfu": None}))
+            reasons.append(Reason("mfu", case.case_id, NOTE, f"MFU not computed: {why}", {"mfu": None}))
         else:
             source = env.get("peak_source") or env.get("peak_flops_source") or "unknown"
-            reasons.append(Reason("mfu", case.case_id, PASS, f"MFU {mfu:.3f} (peak from {source})",
+            reasons.append(Reason("mfu", case.case_id, NOTE, f"MFU {mfu:.3f} (peak from {source})",
                                   {"mfu": mfu, "peak_source": source}))
     return reasons
 

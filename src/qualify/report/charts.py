@@ -1,7 +1,7 @@
 """The charts people read (HTML report, `qualify history --png`): matplotlib, rendered to PNG bytes.
 
 Every function takes plain data and returns PNG bytes; `data_uri` embeds them in a self-contained page.
-Colours follow the report's statuses (PASS green, FAIL red, INCOMPLETE amber, WAIVED/NO-BASELINE grey).
+Colours follow the report's statuses (PASS green, FAIL red, INCOMPLETE amber, WAIVED/NO-BASELINE/NOTE grey).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from qualify.numbers import finite, signed_pct
 
 STATUS_COLOURS = {"PASS": "#2da44e", "FAIL": "#cf222e", "INCOMPLETE": "#bf8700", "WAIVED": "#8c959f",
-                  "NO-BASELINE": "#8c959f", None: "#57606a"}
+                  "NO-BASELINE": "#8c959f", "NOTE": "#8c959f", None: "#57606a"}
 CALL_COLOURS = {"regression": "#cf222e", "improvement": "#2da44e", "within tolerance": "#2da44e",
                 "undecided": "#9a6700", "not comparable": "#bf8700",
                 "missing": "#bf8700"}

@@ -38,7 +38,7 @@ code{font-size:12px}
 nav{font-size:13px;padding:8px 0;border-bottom:1px solid #d0d7de}
 nav a{margin-right:12px;color:#0969da;text-decoration:none}
 .PASS{color:#1a7f37}.FAIL{color:#cf222e;font-weight:600}.INCOMPLETE{color:#9a6700;font-weight:600}
-.WAIVED,.NO-BASELINE{color:#57606a}
+.WAIVED,.NO-BASELINE,.NOTE{color:#57606a}
 .regression{color:#cf222e;font-weight:600}.improvement{color:#1a7f37}.within-tolerance{color:#1a7f37}.undecided{color:#9a6700}
 .missing,.not-comparable{color:#9a6700}
 tr.bad td{background:#ffebe9}
@@ -141,10 +141,11 @@ def _gate(decision: dict[str, Any] | None) -> str:
         return "".join(out)
     groups = reasons_by_status(decision["reasons"])
     titles = {"FAIL": "Failed checks", "INCOMPLETE": "Incomplete checks (could not be judged)",
-              "WAIVED": "Waived failures", "NO-BASELINE": "Not compared with a baseline"}
+              "WAIVED": "Waived failures", "NO-BASELINE": "Not compared with a baseline",
+              "NOTE": "Notes: figures disclosed, not checks"}
     if not groups.get("FAIL") and not groups.get("INCOMPLETE"):
         out.append("<p>No check failed and none is incomplete.</p>")
-    for status in ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE"):
+    for status in ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "NOTE"):
         rows = groups.get(status) or []
         if not rows:
             continue

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 # The order a reader needs: what decided (FAIL, INCOMPLETE), what was excused (WAIVED), what was not compared
-# (NO-BASELINE), and only then what passed.
+# (NO-BASELINE), then what passed, and last what is disclosed without being a check (NOTE).
 ATTENTION = ("FAIL", "INCOMPLETE")
-ORDER = ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "PASS")
+ORDER = ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "PASS", "NOTE")
+FOLDED = ("PASS", "NOTE")  # counted, not listed, unless --verbose
 
 
 def ordered(reasons: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -31,13 +32,16 @@ def reason_line(reason: dict[str, Any]) -> str:
 
 def reason_lines(reasons: Sequence[dict[str, Any]], verbose: bool = False,
                  where_passes: str = "--verbose lists them") -> list[str]:
-    """One line per reason that is not a PASS, attention first; the passes as one count (saying where they are
-    listed), or each with verbose."""
-    shown = [reason for reason in ordered(reasons) if verbose or reason["status"] != "PASS"]
+    """One line per reason that is neither a PASS nor a NOTE, attention first; the passes and notes as counts
+    (saying where they are listed), or each with verbose."""
+    shown = [reason for reason in ordered(reasons) if verbose or reason["status"] not in FOLDED]
     lines = [reason_line(reason) for reason in shown]
     passed = sum(reason["status"] == "PASS" for reason in reasons)
-    if passed and not verbose:
-        lines.append(f"{passed} passed ({where_passes})")
+    notes = sum(reason["status"] == "NOTE" for reason in reasons)
+    if (passed or notes) and not verbose:
+        folded = ", ".join(part for part in (f"{passed} passed" if passed else "",
+                                             f"{notes} note{'s' * (notes != 1)}" if notes else "") if part)
+        lines.append(f"{folded} ({where_passes})")
     return lines
 
 

@@ -151,6 +151,8 @@ def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
             lines += [f"## Waived ({len(groups['WAIVED'])})", ""] + table(groups["WAIVED"])
         if groups.get("NO-BASELINE"):
             lines += ["## Not compared with a baseline", ""] + table(groups["NO-BASELINE"])
+        if groups.get("NOTE"):
+            lines += [f"## Notes, not checks ({len(groups['NOTE'])})", ""] + table(groups["NOTE"])
     bad = [c for c in detail["components"] if not c["ok"]]
     lines += [f"components: {len(detail['components']) - len(bad)}/{len(detail['components'])} as expected"]
     lines += [f"- {c['name']}: expected {c['expected']} ({c['rule']}), found {c['actual'] or 'nothing'}" for c in bad]
@@ -165,7 +167,7 @@ def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
 # --------------------------------------------------------------------------- the HTML report's view
 
 
-STATUS_ORDER = ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "PASS")
+STATUS_ORDER = ("FAIL", "INCOMPLETE", "WAIVED", "NO-BASELINE", "PASS", "NOTE")
 
 
 def policy_view(run: Run) -> dict[str, Any] | None:
@@ -263,7 +265,7 @@ def earlier_runs(session: Session, run: Run, limit: int = 10) -> list[dict[str, 
 
 
 def reasons_by_status(reasons: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Reasons grouped FAIL, INCOMPLETE, WAIVED, NO-BASELINE, PASS (what needs attention first)."""
+    """Reasons grouped FAIL, INCOMPLETE, WAIVED, NO-BASELINE, PASS, NOTE (what needs attention first)."""
     out: dict[str, list[dict[str, Any]]] = {s: [] for s in STATUS_ORDER}
     for reason in reasons:
         out.setdefault(reason["status"], []).append(reason)

@@ -31,7 +31,7 @@ class Reason(BaseModel):
     model_config = ConfigDict(extra="allow")
     check: str
     case_id: Optional[str] = None
-    status: str = Field(..., description="PASS, FAIL, INCOMPLETE, WAIVED or NO-BASELINE")
+    status: str = Field(..., description="PASS, FAIL, INCOMPLETE, WAIVED, NO-BASELINE or NOTE (disclosed, not a check)")
     message: str
     figures: dict[str, Any] = {}
 
