@@ -127,9 +127,13 @@ def test_an_undecided_duet_runs_more_pairs_up_to_its_budget() -> None:
 
     ran = len(merged["environment"]["duet"]["pairs"])
     assert ran in (6, 8)  # two at a time
+    from qualify.gate.duet_stats import Looks
+
+    looks = Looks.for_planned(4)
     first4 = duet.blocks_from_samples(merged["samples"])[:4]
-    assert decide(duet_interval(first4), 0.05) == DuetCall.UNDECIDED  # why more were run
-    final = decide(duet_interval(duet.blocks_from_samples(merged["samples"])), 0.05)
+    assert decide(duet_interval(first4, alpha=looks.alpha_at(4, 0.05)), 0.05) == DuetCall.UNDECIDED  # why more ran
+    blocks = duet.blocks_from_samples(merged["samples"])
+    final = decide(duet_interval(blocks, alpha=looks.alpha_at(len(blocks), 0.05)), 0.05)
     assert ran == 8 or final != DuetCall.UNDECIDED  # stopped when decided, else at the budget
     decided = Sides(cand_step=0.010)  # identical: decided (PASS) after the planned 4
     merged = duet.run_duet(CASE, CASE, PLAN, decided.launch("cand"), decided.launch("base"), label="prev",
@@ -166,7 +170,8 @@ def test_the_driver_sends_duet_only_where_it_can_run() -> None:
     assert "container executor" in duet.driver_choice("train", "container", infeasible=lambda r: None, **args)
 
 
-def _duet_result(effect: float, pairs: int = 4, block_sd: float = 0.005, seed: int = 0) -> ResultData:
+def _duet_result(effect: float, pairs: int = 4, block_sd: float = 0.005, seed: int = 0,
+                 plan: tuple[int, int] | None = (4, 8)) -> ResultData:
     rng = random.Random(seed)
     ratios, pair, sides = [], [], []
     for i in range(pairs):
@@ -177,7 +182,8 @@ def _duet_result(effect: float, pairs: int = 4, block_sd: float = 0.005, seed: i
         sides.append(float(i % 2))
     return ResultData(case_id="train/tiny/base", kind="train", status="passed", metrics={"tokens_per_s": 100.0},
                       samples={duet.LOG_RATIO: ratios, duet.PAIR: pair, duet.CANDIDATE_SIDE: sides},
-                      environment={"duet": {"baseline": "prev", "mode": "duet", "reason": None}})
+                      environment={"duet": {"baseline": "prev", "mode": "duet", "reason": None,
+                                            **({"pairs_planned": plan[0], "pairs_budget": plan[1]} if plan else {})}})
 
 
 def test_the_gate_judges_a_duet_case() -> None:
@@ -203,6 +209,34 @@ def test_the_gate_judges_a_duet_case() -> None:
                                        "duet": {"mode": "paired", "reason": "no node can hold both sides"}})
     [paired] = judge(fallback)
     assert paired.status == "FAIL" and "no node can hold both sides" in paired.message
+
+
+def test_the_gate_judges_a_duet_at_its_last_looks_share_of_alpha() -> None:
+    from qualify.gate.duet_stats import Looks
+
+    rel = make_release(gate_extra=DUET)
+    case = next(c for c in expand(rel) if c.case_id == "train/tiny/base")
+    looks = Looks.for_planned(4)
+
+    def regression(result: ResultData):  # type: ignore[no-untyped-def]
+        [reason] = [r for r in check_regression(rel.gate, [case], {case.case_id: result}, None, "")
+                    if r.check == "regression"]
+        return reason
+
+    for pairs in (4, 6, 8):
+        reason = regression(_duet_result(0.0, pairs=pairs))
+        assert reason.figures["look_alpha"] == pytest.approx(looks.alpha_at(pairs, 0.05)), pairs
+        assert reason.figures["look_alpha"] < 0.05
+    # no schedule recorded: the smallest plan the runner makes (never a single look at full alpha)
+    bare = regression(_duet_result(0.0, pairs=8, plan=None))
+    assert bare.figures["look_alpha"] == pytest.approx(looks.alpha_at(8, 0.05))
+    # the interval really is at that level: its worst end is further out than at full alpha
+    from qualify.gate.duet_stats import duet_interval
+
+    blocks = duet.blocks_from_samples(_duet_result(0.0, pairs=6).samples)
+    judged = regression(_duet_result(0.0, pairs=6))
+    assert judged.figures["lower"] == pytest.approx(duet_interval(blocks, alpha=looks.alpha_at(6, 0.05)).lower)
+    assert judged.figures["lower"] < duet_interval(blocks, alpha=0.05).lower
 
 
 # --------------------------------------------------------------------------- the case's attempts (driver)

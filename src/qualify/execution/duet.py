@@ -197,6 +197,8 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
              policy: DuetPolicy | None = None) -> dict[str, Any]:
     """The duet of one case (see the module docstring): the candidate's merged document with both the paired
     baseline side and the duet record attached."""
+    from qualify.gate import duet_stats  # the gate reads this module's keys: imported late, no cycle
+
     count = planned_pairs(case_doc)
     budget = max(count, policy.max_pairs if policy else count)
     # The two sides' launch documents and seconds, as run_paired keeps them (merged the same way below).
@@ -242,13 +244,14 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
         else:
             sides.append(float("nan"))
         index += 1
-        if index == count and policy is not None and count + 2 <= budget:
-            from qualify.gate import duet_stats  # the gate reads this module's keys: imported late, no cycle
-
+        if index == count and policy is not None and count + duet_stats.LOOK_STEP <= budget:
+            # A look, at its share of alpha (duet_stats.Looks): the gate judges the last look at the same level.
+            looks = duet_stats.Looks(planned_pairs(case_doc), budget)
             interval = duet_stats.duet_interval(blocks_from_samples(
-                {LOG_RATIO: ratios, PAIR: pair_of, CANDIDATE_SIDE: sides}))
+                {LOG_RATIO: ratios, PAIR: pair_of, CANDIDATE_SIDE: sides}),
+                alpha=looks.alpha_at(index, policy.alpha))
             if duet_stats.decide(interval, policy.max_regression) == duet_stats.DuetCall.UNDECIDED:
-                count += 2  # undecided: two more pairs (one per side assignment), up to the budget
+                count += duet_stats.LOOK_STEP  # undecided: two more pairs (one per side assignment)
     merged = launches.merge_launches(cand_docs, cand_s, planned=count)
     merged = launches.attach_pairing(merged, base_docs, base_s, order=order, label=label, problem=problem)
     if merged.get("status") == "passed" and problem is None:
@@ -364,7 +367,10 @@ def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc:
     why = infeasible(doubled(resources))
     if why:
         return f"no node can hold both sides ({why}); measured paired"
-    return DuetPolicy(max_regression=max_regression, alpha=alpha, max_pairs=2 * planned_pairs(case_doc))
+    from qualify.gate.duet_stats import Looks  # the gate's own look schedule: imported late, no cycle
+
+    return DuetPolicy(max_regression=max_regression, alpha=alpha,
+                      max_pairs=Looks.for_planned(planned_pairs(case_doc)).budget)
 
 
 def duet_choice(manifest: Any, case: Any, infeasible: Callable[[Resources], str | None]) -> DuetPolicy | str | None:

@@ -593,21 +593,27 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                 reasons.append(Reason(reason.check, reason.case_id, reason.status,
                                       f"{reason.message} (duet: {fallback})", reason.figures))
             continue
-        interval = duet_stats.duet_interval(blocks, alpha=reg.alpha)
+        # The last look's share of alpha: the runner looked after the planned pairs and every two more while
+        # undecided (duet_stats.Looks); judging the last look at full alpha would undo the spending.
+        looks = _duet_looks(record)
+        look_alpha = looks.alpha_at(len(blocks), reg.alpha)
+        interval = duet_stats.duet_interval(blocks, alpha=look_alpha) if look_alpha > 0 else None
         call = duet_stats.decide(interval, reg.max_regression)
         for metric in reg.metrics_for(case.kind):
             figures: dict[str, Any] = {"metric": metric, "baseline": record.get("baseline"),
-                                       "pairs": len(blocks), "call": call.value,
+                                       "pairs": len(blocks), "call": call.value, "look_alpha": look_alpha,
+                                       "pairs_planned": looks.planned, "pairs_budget": looks.budget,
                                        **(interval.figures() if interval else {})}
             if interval is None:
                 reasons.append(Reason("regression", case.case_id, INCOMPLETE,
                                       f"{metric}: duet: {len(blocks)} launch pairs cannot give an interval (at least "
-                                      f"{duet_stats.MIN_PAIRS}, with the candidate on each side)", figures))
+                                      f"{max(duet_stats.MIN_PAIRS, looks.planned)}, with the candidate on each side)",
+                                      figures))
                 continue
             side = (f"side bias {_pct(interval.side_bias or 0.0)} [{_pct(interval.side_bias_lower or 0.0)}, "
                     f"{_pct(interval.side_bias_upper or 0.0)}] removed")
             text = (f"{metric} duet: change {_pct(interval.estimate)} [worst {_pct(interval.lower)}, best "
-                    f"{_pct(interval.upper)}] ({interval.confidence:.0%}, {interval.n} launch pairs, "
+                    f"{_pct(interval.upper)}] (one-sided {1 - look_alpha:.1%} at this look, {interval.n} launch pairs, "
                     f"{interval.steps} synchronized steps; {side})")
             if call == duet_stats.DuetCall.PASS:
                 reasons.append(Reason("regression", case.case_id, PASS,
@@ -620,6 +626,15 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                                       f"{text}: undecided after {interval.n} launch pairs (the budget): neither "
                                       f"within {reg.max_regression:.0%} nor a regression shown", figures))
     return reasons
+
+
+def _duet_looks(record: Mapping[str, Any]) -> duet_stats.Looks:
+    """The look schedule the runner recorded (pairs_planned, pairs_budget); the smallest plan it can have when the
+    record does not say (a plan with fewer looks would give the last one more alpha)."""
+    planned, budget = record.get("pairs_planned"), record.get("pairs_budget")
+    if isinstance(planned, int) and isinstance(budget, int) and duet_stats.MIN_PAIRS <= planned <= budget:
+        return duet_stats.Looks(planned, budget)
+    return duet_stats.Looks.for_planned(4)
 
 
 def _unusable_baseline(result: ResultData, base: ResultData | None, metric: str) -> str | None:

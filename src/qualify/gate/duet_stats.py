@@ -44,9 +44,39 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from qualify.gate import noninferiority as ni
 from qualify.metrics import RECOMMENDED_ALPHA, RECOMMENDED_MAX_REGRESSION
 
 MIN_PAIRS = 3  # the fit has two parameters: at least one degree of freedom left for the block variance
+LOOK_STEP = 2  # undecided after a look: two more pairs, one per side assignment
+
+
+@dataclass(frozen=True)
+class Looks:
+    """Where the duet runner looks: after the planned pairs, then every LOOK_STEP pairs while undecided, up to the
+    budget (twice the planned pairs). Each look's interval is at that look's share of alpha (noninferiority's
+    Pocock-type spending, Lan & DeMets 1983), so that the chance of a wrong PASS or FAIL over all looks stays
+    within alpha: a runner that looked at full alpha each time and stopped at the first decision would pass a
+    regression at the margin more often than alpha (tests/unit/test_duet_stats.py simulates both)."""
+
+    planned: int
+    budget: int
+
+    @classmethod
+    def for_planned(cls, planned: int) -> "Looks":
+        return cls(planned, 2 * planned)
+
+    def points(self) -> list[int]:
+        return list(range(self.planned, self.budget + 1, LOOK_STEP))
+
+    def alpha_at(self, n: int, alpha: float) -> float:
+        """The one-sided level of each bound at the look that n pairs reached (0 before the first look): the
+        increment of the spending function from the previous look point to this one."""
+        reached = [p for p in self.points() if p <= n]
+        if not reached:
+            return 0.0
+        previous = ni.spent(alpha, reached[-2] / self.budget) if len(reached) > 1 else 0.0
+        return ni.spent(alpha, reached[-1] / self.budget) - previous
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ class Plan:
             raise ValueError(f"a plan needs 2 <= first ({self.first}) <= budget ({self.budget})")
 
 
-def _spent(alpha: float, fraction: float) -> float:
+def spent(alpha: float, fraction: float) -> float:
     """Pocock-type alpha-spending function (Lan & DeMets 1983): alpha * ln(1 + (e - 1) t)."""
     return alpha * math.log(1 + (math.e - 1) * min(1.0, max(0.0, fraction)))
 
@@ -148,8 +148,8 @@ def look_alpha(plan: Plan, n: int) -> float:
     if n < plan.first:
         return 0.0
     n = min(n, plan.budget)
-    previous = 0.0 if n == plan.first else _spent(plan.alpha, (n - 1) / plan.budget)
-    return _spent(plan.alpha, n / plan.budget) - previous
+    previous = 0.0 if n == plan.first else spent(plan.alpha, (n - 1) / plan.budget)
+    return spent(plan.alpha, n / plan.budget) - previous
 
 
 # --------------------------------------------------------------------------- intervals
