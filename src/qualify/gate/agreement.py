@@ -54,7 +54,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Sequence
 
-from scipy import stats as sps
 
 ALPHA = 0.05  # one-sided, at each end of an interval
 
@@ -89,7 +88,9 @@ class AgreementInterval:
 
 
 def _t(alpha: float, df: int) -> float:
-    return float(sps.t.ppf(1 - alpha, df))
+    from scipy.stats import t as student_t  # here, not at import: scipy.stats costs ~0.4 s a CLI call
+
+    return float(student_t.ppf(1 - alpha, df))
 
 
 def _check_counts(agree: Sequence[float], positions: Sequence[float]) -> None:
@@ -207,4 +208,10 @@ def compare_paired(candidate: Sequence[Sequence[bool]], baseline: Sequence[Seque
     z = sum(d) / math.sqrt(ss) if ss > 0 else None
     return PairedComparison(change, change - t * se, change + t * se, agree_c / total, agree_b / total,
                             only_c, only_b, m, int(total), z,
-                            float(sps.norm.cdf(z)) if z is not None else None, alpha)
+                            _normal_cdf(z) if z is not None else None, alpha)
+
+
+def _normal_cdf(z: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.cdf(z))
