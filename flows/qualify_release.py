@@ -9,7 +9,10 @@ environment (QUALIFY_DATABASE_URL) of the process that runs the flow.
 
 from __future__ import annotations
 
+import functools
+import queue
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -24,7 +27,8 @@ from qualify import pipeline
 from qualify.errors import BadInput, QualifyError, Rejected
 from qualify.execution import attempts, spool
 from qualify.progress import process_listeners
-from qualify.outcomes import PromotionSummary, RunOutcome, RunStatus
+from qualify.manifest.cases import Case
+from qualify.outcomes import CaseOutcome, PromotionSummary, RunOutcome, RunStatus
 from qualify.execution.ray import start_ray
 from qualify.report.links import flow_run_url, report_url
 from qualify.settings import Settings
@@ -85,6 +89,36 @@ def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> Any:
     return get_run_logger()
 
 
+def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str | None,
+               logger: Any) -> list[CaseOutcome]:
+    """Every case runs on Ray from a thread of its own (attempts.run_case); its Prefect task run is created when
+    its Ray task starts, or when it ended without starting (infeasible, lost first), so that a task run's Running
+    time is the case's time on Ray, never its wait in Ray's queue (the progress artifact counts the queued).
+    Every case finishes (and is spooled) before a failed one stops the flow."""
+    if not pending:
+        return []
+    ready: queue.Queue[str] = queue.Queue()
+    by_id = {case.case_id: case for case in pending}
+    tasks: dict[str, Any] = {}
+    with ThreadPoolExecutor(max_workers=len(pending), thread_name_prefix="qualify-case") as pool:
+        running: dict[str, Future[CaseOutcome]] = {}
+        for case in pending:
+            future = pool.submit(attempts.run_case, ctx, case, logger.warning,
+                                 on_started=functools.partial(ready.put, case.case_id))
+            future.add_done_callback(lambda _f, case_id=case.case_id: ready.put(case_id))
+            running[case.case_id] = future
+        while len(tasks) < len(pending):
+            try:
+                case_id = ready.get(timeout=1.0)  # a timeout keeps the flow's thread answering signals
+            except queue.Empty:
+                continue
+            if case_id not in tasks:
+                tasks[case_id] = run_case_task.with_options(task_run_name=case_id).submit(
+                    ctx, by_id[case_id], running[case_id], progress_id)
+        wait_for_all(list(tasks.values()))
+    return [tasks[case.case_id].result() for case in pending]
+
+
 @flow(name="qualify-release", flow_run_name=_initial_name, log_prints=True)
 def qualify_release(manifest: str, ray_address: str | None = None, resume_run: int | None = None,
                     wait: bool = False, promote: bool | None = None, triggered_by: str | None = None) -> RunOutcome:
@@ -132,10 +166,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
             if ctx.resumed:
                 logger.info("resuming: %d of %d cases still need a result", len(pending), len(ctx.cases))
             progress_id = progress_artifact_task(ctx, ctx.progress.done, ctx.progress.total)
-            futures = [run_case_task.with_options(task_run_name=case.case_id).submit(ctx, case, progress_id)
-                       for case in pending]
-            wait_for_all(futures)  # every case finishes (and is spooled) before a failed one stops the flow
-            outcomes = [f.result() for f in futures]
+            outcomes = _run_cases(ctx, pending, progress_id, logger)
 
         database_identity.confirm(sessions, identity)  # a vanished or replaced database never gets a verdict
         with ctx.timed_stage("gate"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -9,7 +10,6 @@ from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from qualify import pipeline
-from qualify.execution import attempts
 from qualify.manifest.cases import Case
 from qualify.outcomes import CaseOutcome
 from qualify.report.case_lines import figure_lines, resources_text
@@ -18,11 +18,15 @@ from qualify.report.case_lines import figure_lines, resources_text
 # No Prefect retries or timeout here: the Ray task enforces the case timeout, and the
 # pipeline retries infrastructure failures only (a failed test is never retried into a pass).
 @task(name="run-case", cache_policy=NO_CACHE)
-def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: str | None = None) -> CaseOutcome:
+def run_case_task(ctx: pipeline.RunContext, case: Case, running: Future[CaseOutcome],
+                  progress_artifact_id: str | None = None) -> CaseOutcome:
+    """The case's task run: created when its Ray task starts (the flow's _run_cases), Running while the case runs
+    on Ray (attempts.run_case in the flow's case thread), ended with the case's outcome, figures and log tail."""
     logger = get_run_logger()
-    logger.info("%s: submitted to Ray (%s)", case.case_id,
-                resources_text(case.resources.model_dump(exclude_defaults=True)))
-    outcome = attempts.run_case(ctx, case, log=logger.warning)
+    if not running.done():
+        logger.info("%s: its Ray task started (%s)", case.case_id,
+                    resources_text(case.resources.model_dump(exclude_defaults=True)))
+    outcome = running.result()
     level = logger.info if outcome.passed else logger.error
     level("%s: %s%s after %s attempt(s), exec %.1f s, queue %s s on %s", case.case_id, outcome.status,
           f" ({outcome.error_class}: {outcome.error})" if outcome.error_class else "",
@@ -40,7 +44,8 @@ def run_case_task(ctx: pipeline.RunContext, case: Case, progress_artifact_id: st
         p = ctx.progress
         try:
             update_progress_artifact(progress_artifact_id, 100.0 * p.done / max(1, p.total),
-                                     description=f"{p.done}/{p.total} cases done, {p.failed} failed")
+                                     description=f"{p.done}/{p.total} cases done, {p.failed} failed, "
+                                                 f"{p.running} running, {len(p.queued_cases)} queued in Ray")
         except Exception as exc:  # noqa: BLE001 - the dashboard is best effort, results are in the DB
             logger.warning("progress artifact not updated: %s", exc)
     return outcome

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from support.flows import db_rows, results, run_qualify
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
+# The README's main job, as a new user runs it: no Prefect server, the ephemeral API.
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload, pytest.mark.ephemeral_prefect]
 REPO = Path(__file__).resolve().parents[2]
 
 

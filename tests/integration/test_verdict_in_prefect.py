@@ -54,7 +54,9 @@ def test_the_verdict_in_prefect_and_the_report_one_click_away(tmp_path: Path, pr
     serve = _serve(tmp_path, db, port, ui)
     try:
         plans = {
-            "PASS": ([{"name": "nap", "kind": "sleep", "params": {"duration_s": 0.2}, "count": 2}], None, 0),
+            # two cases that each need every CPU of the local Ray: the second waits in Ray's queue for the first
+            "PASS": ([{"name": "nap", "kind": "sleep", "params": {"duration_s": 2.0}, "count": 2,
+                       "resources": {"cpus": os.cpu_count() or 2}}], None, 0),
             "FAIL": ([{"name": "nap", "kind": "sleep", "params": {"duration_s": 0.2}},
                       {"name": "crash", "kind": "sleep", "params": {"exit_code": 3}}], None, 1),
             # a previous release that was never run: no baseline to compare with, so nothing may pass
@@ -87,6 +89,17 @@ def test_the_verdict_in_prefect_and_the_report_one_click_away(tmp_path: Path, pr
                 "logs": {"flow_run_id": {"any_": [f["id"]]}, "task_run_id": {"is_null_": True}},
                 "sort": "TIMESTAMP_ASC", "limit": 200}).json()] for v, f in by_verdict.items()}
             artifacts = client.post("/artifacts/filter", json={}).json()
+            # A case's task run is Running while its Ray task runs, not while Ray queues it (issue 26.4): the two
+            # task runs of the PASS run do not overlap, though both cases were handed to Ray at once.
+            naps = [t for t in client.post("/task_runs/filter", json={
+                "flow_runs": {"id": {"any_": [by_verdict["PASS"]["id"]]}}}).json() if t["name"].startswith("sleep/nap")]
+            assert len(naps) == 2 and all(t["state_type"] == "COMPLETED" for t in naps), naps
+            from datetime import datetime
+
+            first, second = sorted(naps, key=lambda t: t["start_time"])
+            began = [datetime.fromisoformat(t["start_time"]) for t in (first, second)]
+            # the second case could not start before the first case's 2 s sleep was over
+            assert (began[1] - began[0]).total_seconds() >= 2.0, (first, second)
             # An automation triggers on events: the INCOMPLETE state is the event prefect.flow-run.INCOMPLETE.
             resource = f"prefect.flow-run.{by_verdict['INCOMPLETE']['id']}"
             deadline = time.monotonic() + 120

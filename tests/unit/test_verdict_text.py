@@ -93,12 +93,40 @@ def test_progress_names_what_is_on_ray_and_reads_the_clock_now() -> None:
     progress.listeners.append(sink)
     for case in ("train/a", "train/b", "infer/c"):
         progress.start_case(case)
+    # handed to Ray is not running: only a case whose Ray task said it started is
+    assert progress.running == 0 and progress.queued_cases == ["train/a", "train/b", "infer/c"]
+    progress.case_started("train/a")
+    progress.case_started("train/b")
     progress.finish_case(False, "train/b")
-    assert progress.submitted == ["train/a", "infer/c"] and progress.running == 2
+    assert progress.submitted == ["train/a", "infer/c"] and progress.running == 1
+    assert progress.running_cases == ["train/a"] and progress.queued_cases == ["infer/c"]
     text = sink.text
-    assert text.startswith("cases 1/8 done, 1 failed; on Ray (queued or running): train/a, infer/c; elapsed ")
+    assert text.startswith("cases 1/8 done, 1 failed; running: train/a; queued: 1; elapsed "), text
+    assert "left" not in text  # no expected durations: no estimate
     progress.started_at -= 100  # the elapsed time is read when the line is drawn, not when a case moved
     assert sink.text.endswith("elapsed 100 s") or sink.text.endswith("elapsed 101 s")
-    crowded = Progress(total=40, submitted=[f"train/model-{k}/variant" for k in range(30)])
+    crowded = Progress(total=40, submitted=[f"train/model-{k}/variant" for k in range(30)],
+                       started={f"train/model-{k}/variant": 0.0 for k in range(30)})
     line = progress_text(crowded)
     assert "train/model-0/variant" in line and "+2" in line and len(line) < 140
+
+
+def test_the_end_is_estimated_from_expected_durations_over_the_cases_running_at_once() -> None:
+    from qualify.cli.run import progress_text
+    from qualify.progress import Progress
+
+    progress = Progress(total=3, expected_s={"a": 100.0, "b": 100.0, "c": 60.0})
+    for case in ("a", "b", "c"):
+        progress.start_case(case)
+    assert progress.remaining_s() is None  # nothing runs yet: no rate to spread the work over
+    progress.case_started("a")
+    progress.case_started("b")
+    now = progress.started["a"] + 40
+    # left: a 60, b 60 (both ran 40 of 100), c 60 queued = 180 over 2 running at once = 90
+    assert progress.remaining_s(now) == pytest.approx(90.0, abs=0.5)
+    progress.started["a"] -= 200  # overran its estimate: never a negative or zero remainder (10% of it)
+    assert progress.remaining_s(now) >= 10.0
+    assert "s left" in progress_text(progress)
+    unknown = Progress(total=2, expected_s={"a": 10.0})
+    unknown.start_case("a"), unknown.start_case("b"), unknown.case_started("a")
+    assert unknown.remaining_s() is None  # b has no estimate: none shown rather than a wrong one

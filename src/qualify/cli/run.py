@@ -100,11 +100,12 @@ class ProgressSink:
 
 
 def progress_text(p: Progress | None, width: int = 60) -> str:
-    """'cases 1/8 done, 1 failed; on Ray (queued or running): a, b, +5 more; elapsed 71 s', the elapsed time
-    read now (never frozen at the last change)."""
+    """'cases 1/8 done, 1 failed; running: a, b; queued: 5; elapsed 71 s, about 140 s left': the running cases
+    by name (their Ray task started), the queued ones counted, the elapsed time read now (never frozen at the
+    last change), and the estimate of the end when every unfinished case has an expected duration."""
     if p is None:
         return "starting"
-    names = list(p.submitted)
+    names = p.running_cases
     shown = ""
     for k, name in enumerate(names):
         more = f", +{len(names) - k} more" if shown else f"{len(names)} cases"
@@ -112,8 +113,11 @@ def progress_text(p: Progress | None, width: int = 60) -> str:
             shown += more
             break
         shown += (", " if shown else "") + name
-    on_ray = f"; on Ray (queued or running): {shown}" if names else ""
-    return f"cases {p.done}/{p.total} done, {p.failed} failed{on_ray}; elapsed {p.elapsed_s:.0f} s"
+    running = f"; running: {shown}" if names else ""
+    queued = f"; queued: {len(p.queued_cases)}" if p.queued_cases else ""
+    left = p.remaining_s()
+    eta = f", about {left:.0f} s left" if left is not None else ""
+    return f"cases {p.done}/{p.total} done, {p.failed} failed{running}{queued}; elapsed {p.elapsed_s:.0f} s{eta}"
 
 
 def _print_outcome(console: Console, outcome: RunOutcome, verbose: bool = False) -> None:

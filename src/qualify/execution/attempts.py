@@ -3,6 +3,7 @@ spooled to disk before the database is tried, and spooled results of an earlier 
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from sqlalchemy.exc import OperationalError
@@ -36,6 +37,8 @@ def pending_cases(ctx: RunContext, log: Callable[[str], None] = lambda _m: None)
         done = repo.final_case_ids(session, ctx.run_id)
         pending = [c for c in ctx.cases if c.case_id not in done]
         history = repo.recent_exec_seconds(session, ctx.manifest.release.repository, [c.case_id for c in pending])
+    # The estimate of the end comes from earlier results only: a guess from parameters would be shown as a figure.
+    ctx.progress.expected_s = dict(history)
     # Longest first (earlier results, else the estimate): a long case never starts last behind short ones.
     return submission_order(pending, history)
 
@@ -66,15 +69,29 @@ CaseRunner = Callable[..., CaseRunResult]
 
 def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m: None, *,
              runner: CaseRunner | None = None,
-             infeasible: Callable[[Any], str | None] | None = None) -> CaseOutcome:
+             infeasible: Callable[[Any], str | None] | None = None,
+             on_started: Callable[[], None] | None = None) -> CaseOutcome:
     """Run one case on Ray, retrying infrastructure failures only, and record the final result at once.
 
     `runner` and `infeasible` default to the Ray backend; tests pass fakes to exercise the retry loop.
+    `on_started` is called once, when the case's first Ray task runs (the progress says running, no longer queued).
     """
     runner = runner or run_case_on_ray
     infeasible = infeasible or infeasible_reason
     assert ctx.executor is not None, "obtain_candidate() sets the executor"
     ctx.progress.start_case(case.case_id)
+    told = threading.Event()
+
+    def started() -> None:
+        if told.is_set():
+            return  # a retried attempt runs again; the case started once
+        told.set()
+        ctx.progress.case_started(case.case_id)
+        if on_started is not None:
+            on_started()
+
+    # Only the Ray backend is told (tests' fake runners take the arguments they know).
+    signal = {"on_started": started} if runner is run_case_on_ray else {}
     paired_case = is_paired_case(ctx.paired, ctx.manifest, case)
     case_doc = case.document()
     block = sequential_block(ctx.sessions, ctx.manifest, case, paired=paired_case and ctx.paired is not None
@@ -95,11 +112,11 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
                 choice = duet_choice(ctx.manifest, case, infeasible)  # None unless gate.regression.baseline: duet
                 extra = {"duet": choice} if isinstance(choice, DuetPolicy) else {}
                 out = runner(ctx.executor, case_doc, case.resources, case.timeout_s,
-                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case), **extra)
+                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case), **extra, **signal)
                 if isinstance(choice, str):
                     fell_back(out.doc, ctx.paired.label, choice)
             else:
-                out = runner(ctx.executor, case_doc, case.resources, case.timeout_s)
+                out = runner(ctx.executor, case_doc, case.resources, case.timeout_s, **signal)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
             retryable = out.retryable or (timed_out and ctx.manifest.execution.retry_timeouts)
             if not retryable or attempts > retries:

@@ -29,7 +29,7 @@ import copy
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -245,8 +245,9 @@ def _launch(executor: Executor, case_doc: dict[str, Any], resources: Resources, 
 
 
 def run_multinode_case(executor: Executor, case_doc: dict[str, Any], resources: Resources,
-                       timeout_s: float) -> CaseRunResult:
-    """One launch of a multi-node case (see the module docstring); always a result, never an exception."""
+                       timeout_s: float, on_started: Callable[[], None] | None = None) -> CaseRunResult:
+    """One launch of a multi-node case (see the module docstring); always a result, never an exception.
+    `on_started`: called once the placement group holds every node (the case's queue wait ends there)."""
     submitted = time.time()
     problem = multinode_problem(case_doc, executor)
     if problem:
@@ -261,6 +262,8 @@ def run_multinode_case(executor: Executor, case_doc: dict[str, Any], resources: 
             return _refused(case_doc, "infra", f"the cluster did not give {resources.nodes} distinct nodes with "
                             f"{node_bundle(resources)} each within {wait_s:.0f} s", retryable=True,
                             started=submitted)
+        if on_started is not None:
+            on_started()
         return _launch(executor, case_doc, resources, timeout_s, pg, submitted)
     except ray.exceptions.RayError as exc:
         return _refused(case_doc, "infra", f"Ray could not launch the case on {resources.nodes} nodes: "

@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import ray
 
@@ -129,12 +129,13 @@ def infeasible_reason(resources: Resources, nodes: list[dict[str, Any]] | None =
 
 @ray.remote
 def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
-                 submitted_at: float) -> CaseRunResult:
+                 submitted_at: float) -> Iterator[float | CaseRunResult]:
     """Run one case on a Ray worker through the executor: its launches one after the other, each a fresh
     process (execution.launches), on this node, while this task holds the case's resources; plain data back.
 
     timeout_s bounds each launch (a case of 3 launches may take up to 3 timeouts)."""
     started = time.time()
+    yield started  # the driver learns that the task runs: its queue wait ends here
     context = ray.get_runtime_context()
     gpu_ids = gpu_ids_of(context)
     outcomes: list[Any] = []
@@ -145,16 +146,18 @@ def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
         return outcome.doc, outcome.exec_s
 
     merged, _docs = launches.run_launches(case_doc, one_launch)
-    return _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+    yield _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
 
 
 @ray.remote
 def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[str, Any],
-                        baseline_doc: dict[str, Any], timeout_s: float, submitted_at: float) -> CaseRunResult:
+                        baseline_doc: dict[str, Any], timeout_s: float,
+                        submitted_at: float) -> Iterator[float | CaseRunResult]:
     """A paired case (gate.regression.baseline: paired): the candidate's and the previous release's launches
     interleaved A B A B in this one task, which holds the case's resources on this node for both sides, so
     that both see the same machine state. The measurement time is at most twice the case's."""
     started = time.time()
+    yield started  # the driver learns that the task runs: its queue wait ends here
     context = ray.get_runtime_context()
     gpu_ids = gpu_ids_of(context)
     outcomes: list[Any] = []
@@ -169,23 +172,25 @@ def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[s
 
     merged = launches.run_paired(case_doc, baseline_doc, side(executor, True), side(baseline, False),
                                  baseline.describe())
-    return _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+    yield _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
 
 
 @ray.remote
 def execute_duet_case(executor: Executor, baseline: Executor, case_doc: dict[str, Any], baseline_doc: dict[str, Any],
-                      per_side: Resources, timeout_s: float, submitted_at: float, policy: Any) -> CaseRunResult:
+                      per_side: Resources, timeout_s: float, submitted_at: float,
+                      policy: Any) -> Iterator[float | CaseRunResult]:
     """A duet case (gate.regression.baseline: duet, execution.duet): this task holds both sides' resources; the
     candidate's and the previous release's launches run at the same time, each on its own cores and GPUs."""
     from qualify.execution import duet
 
     started = time.time()
+    yield started  # the driver learns that the task runs: its queue wait ends here
     context = ray.get_runtime_context()
     gpu_ids = gpu_ids_of(context)
     merged, outcomes = duet.measure(executor, baseline, case_doc, baseline_doc, cpus_per_side=per_side.cpus,
                                     gpus_per_side=per_side.gpus, gpu_ids=gpu_ids, timeout_s=timeout_s,
                                     policy=policy)
-    return _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+    yield _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
 
 
 def _task_result(merged: dict[str, Any], outcomes: list[Any], queue_wait_s: float, context: Any,
@@ -199,13 +204,13 @@ def _task_result(merged: dict[str, Any], outcomes: list[Any], queue_wait_s: floa
 
 
 def _multinode_launches(executor: Executor, case_doc: dict[str, Any], resources: Resources,
-                        timeout_s: float) -> CaseRunResult:
+                        timeout_s: float, on_started: Callable[[], None] | None = None) -> CaseRunResult:
     from qualify.execution.multinode import run_multinode_case  # imports Ray's placement-group API: only when used
 
     results: list[CaseRunResult] = []
 
     def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        result = run_multinode_case(executor, doc, resources, timeout_s)
+        result = run_multinode_case(executor, doc, resources, timeout_s, on_started=on_started if not results else None)
         results.append(result)
         return result.doc, result.exec_s or 0.0
 
@@ -218,33 +223,44 @@ def _multinode_launches(executor: Executor, case_doc: dict[str, Any], resources:
 
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
                     timeout_s: float, *, baseline: Executor | None = None,
-                    baseline_doc: dict[str, Any] | None = None, duet: Any = None) -> CaseRunResult:
+                    baseline_doc: dict[str, Any] | None = None, duet: Any = None,
+                    on_started: Callable[[], None] | None = None) -> CaseRunResult:
     """Submit one case (its launches, qualify.launches) and wait for it; a lost worker or node becomes an
     `infra` result, not an exception. With a baseline executor the case is paired (execute_paired_case).
 
     `nodes > 1`: each launch is one execution.multinode launch over N nodes (its own placement group), the launches
     one after the other from here (pairing is refused for such a case: the pipeline never asks it). With a
     baseline and a duet policy the case runs in duet (execution.duet), in one task holding both sides.
+
+    `on_started` is called once the Ray task runs (Ray queues it until its resources are free): each task first
+    yields its start time (a streaming generator), then its result, so that the driver can tell queued from running.
     """
     if resources.nodes > 1:
-        return _multinode_launches(executor, case_doc, resources, timeout_s)
+        return _multinode_launches(executor, case_doc, resources, timeout_s, on_started)
     submitted = time.time()
-    options = ray_options(resources)
+    options = {**ray_options(resources), "num_returns": "streaming"}
     if baseline is not None and duet is not None:  # duet: an execution.duet.DuetPolicy; the task holds both sides
         from qualify.execution.duet import doubled
 
-        ref = execute_duet_case.options(**ray_options(doubled(resources))).remote(
+        stream = execute_duet_case.options(**ray_options(doubled(resources)), num_returns="streaming").remote(
             executor, baseline, case_doc, baseline_doc or case_doc, resources, timeout_s, submitted, duet)
     elif baseline is not None:
-        ref = execute_paired_case.options(**options).remote(executor, baseline, case_doc,
-                                                            baseline_doc or case_doc, timeout_s, submitted)
+        stream = execute_paired_case.options(**options).remote(executor, baseline, case_doc,
+                                                               baseline_doc or case_doc, timeout_s, submitted)
     else:
-        ref = execute_case.options(**options).remote(executor, case_doc, timeout_s, submitted)
+        stream = execute_case.options(**options).remote(executor, case_doc, timeout_s, submitted)
     try:
-        return ray.get(ref)
+        ray.get(next(stream))  # the start time: the task runs now (a task that died first raises here)
+        if on_started is not None:
+            on_started()
+        return ray.get(next(stream))
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
             ray.exceptions.RaySystemError, ray.exceptions.ObjectLostError,
             ray.exceptions.TaskUnschedulableError, ray.exceptions.RayTaskError) as exc:
         message = f"Ray could not run the case: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}"
         doc = protocol.make_result(case_doc, "error", error_class="infra", error=message)
+        return CaseRunResult.failed(doc, retryable=True, exec_s=time.time() - submitted)
+    except StopIteration:  # the task's stream ended before its result: lost, as a crashed worker is
+        doc = protocol.make_result(case_doc, "error", error_class="infra",
+                                   error="Ray could not run the case: its task ended without a result")
         return CaseRunResult.failed(doc, retryable=True, exec_s=time.time() - submitted)
