@@ -38,8 +38,12 @@ from qualify_prefect.tasks.candidate import obtain_candidate_task, open_run_task
 from qualify_prefect.tasks.cases import run_case_task
 from qualify_prefect.tasks.gate import gate_task
 from qualify_prefect.tasks.promote import promote_task
+from qualify_prefect.flows import worker_logs
 from qualify_prefect.flows.verdict import final_state, log_verdict
 from qualify_prefect.tasks.report import progress_artifact_task, publish_artifacts, publish_report_task
+
+
+worker_logs.install()  # a worker's process imports this module to run the flow
 
 
 def _unwrap(value: Any) -> Any:
