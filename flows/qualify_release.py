@@ -90,6 +90,7 @@ def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> Any:
     context = FlowRunContext.get()
     if context is not None and context.flow_run is not None:
         context.flow_run.name = name
+    worker_logs.rename(str(flow_run.id), name)  # the engine's own lines too
     return get_run_logger()
 
 

@@ -109,6 +109,9 @@ def test_deployment_runs_and_publishes_artifacts(tmp_path: Path, prefect_server)
         [counted] = [line for line in log_text.splitlines() if ": 3 cases" in line]
         assert "served:2.0 run 1" in counted, counted
         assert not [line for line in log_text.splitlines() if "run …" in line and "candidate" in line], log_text
+        # the engine's own last line too
+        [finished] = [line for line in log_text.splitlines() if "Finished in state PASS" in line]
+        assert "served:2.0 run 1" in finished, finished
         task_runs = client.post("/task_runs/filter", json={}).json()
         names = {t["name"] for t in task_runs}
         assert {"sleep/nap/0000", "sleep/nap/0001", "sleep/nap/0002"} <= names
