@@ -33,7 +33,6 @@ import shutil
 import statistics
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
