@@ -1,4 +1,4 @@
-"""One error hierarchy for qualify; the CLI maps it to exit codes in one place (qualify.cli.app).
+"""One error hierarchy for qualify; the CLI maps it to exit codes in one place (qualify.cli.common.QualifyGroup).
 
 Raise the most specific class where the problem is known; the message names the file, field or
 reference and says what to do. Anything a user can cause derives from QualifyError and is shown

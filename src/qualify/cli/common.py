@@ -9,17 +9,20 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import typer
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
 
 from qualify.errors import ExitCode, QualifyError
-from qualify.manifest.load import LoadedManifest, load_manifest
 from qualify.settings import Settings
+
+if TYPE_CHECKING:  # the manifest model and the ORM load when a command uses them (a gate check never does)
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from qualify.manifest.load import LoadedManifest
 
 # Pipes and CI logs get wide lines instead of wrapping references mid-word.
 # No automatic highlighting: rich colours numbers and hex runs, i.e. parts of a digest, as if they meant something.
@@ -60,6 +63,8 @@ def open_db(db: str | None, *, migrate: bool = True) -> sessionmaker[Session]:
 
 
 def load(path: Path) -> LoadedManifest:
+    from qualify.manifest.load import load_manifest
+
     return load_manifest(path)
 
 

@@ -20,7 +20,6 @@ from qualify.errors import BadInput, ExitCode
 from qualify.outcomes import Verdict
 from qualify.report.verdict_text import reason_lines
 from qualify.gate.judged import judged_note
-from qualify.gate.judging import decision_dict, evaluate_and_commit
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, parse_reference
 from qualify.registry import RegistryClient, RegistryError
@@ -62,6 +61,8 @@ def gate_evaluate(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional
         if not dry_run and day != dt.date.today():
             raise BadInput(f"--today {today}: a decision judged as of another day than today is never recorded; "
                            "add --dry-run to see what that date would give")
+    from qualify.gate.judging import decision_dict, evaluate_and_commit  # the checks: not for `gate check`
+
     evaluation = evaluate_and_commit(open_db(db), run_id, today=day, record=not dry_run)
     judgement = evaluation.judgement
     if as_json:
@@ -84,6 +85,8 @@ def gate_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str
               show_all: bool = typer.Option(False, "--all", help="every decision, not only the latest"),
               as_json: bool = JsonOption, verbose: bool = VerboseOption) -> None:
     """The run's decisions (the latest, or all with --all); exit 0 when shown."""
+    from qualify.gate.judging import decision_dict
+
     with open_db(db, migrate=False)() as session:
         run = repo.get_run(session, run_id)
         if run is None:

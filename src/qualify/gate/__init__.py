@@ -1,7 +1,7 @@
-"""The release gate: statistics (stats), checks (checks), the pure verdict (evaluate) and the
-database glue (service)."""
+"""The release gate: statistics (noninferiority, stats, sequential, duet_stats, agreement, calibration), the
+checks (reasons, checks, regression_checks, quality_checks), the pure verdict (evaluate), the database glue
+(judging, standing) and the push check (push_check).
 
-from qualify.gate.checks import ComponentData, Reason, ResultData
-from qualify.gate.evaluate import Judgement, evaluate
-
-__all__ = ["ComponentData", "Reason", "ResultData", "Judgement", "evaluate"]
+Nothing is imported here: `qualify gate check` loads the push check and the standing only, not the checks and
+their statistics (scipy).
+"""

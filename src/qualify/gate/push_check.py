@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
-from qualify.manifest.load import ManifestError
 from qualify.outcomes import CheckStatus, Verdict
 from qualify.gate.standing import by_release
 from qualify.store import repo
@@ -75,6 +74,8 @@ def _target_names(run: Run) -> frozenset[str | None]:
     found = _TARGETS.get(key)
     if found is not None:
         return found
+    from qualify.manifest.load import ManifestError  # the manifest model loads only when a run has to be read
+
     try:
         targets = repo.run_manifest(run).release.expanded_targets()
     except ManifestError:
