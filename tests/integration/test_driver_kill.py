@@ -19,7 +19,9 @@ import psutil
 import pytest
 from support.flows import REPO, cli_env, sleep_manifest
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")]
+# About the ephemeral API server too: it must die with the driver (no shared server for this test).
+pytestmark = [pytest.mark.slow, pytest.mark.ephemeral_prefect,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")]
 
 
 def _marked(mark: str) -> set[int]:
