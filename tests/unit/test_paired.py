@@ -116,6 +116,39 @@ def test_history_sampling_adds_candidate_launches_until_decided() -> None:
     assert ("decided (pass)" in stop["reason"]) == (final.decision is ni.Decision.PASS)  # the gate agrees
 
 
+def test_a_metric_no_launch_reports_never_keeps_the_runners_going() -> None:
+    """The budget counts launches, not figures: launches that lack the metric (a synthetic case whose steps report
+    another figure) stopped the loop only at the budget of figures, which never came (583 launches for a budget
+    of 4 in a `qualify run`). Both runners stop at the planned launches and say why."""
+    block = sequential.spec(metric="tokens_per_s", direction="higher", mode="paired", max_regression=0.05,
+                            alpha=0.05, min_samples=3, max_launches=4)
+    calls: list[int] = []
+
+    def without_metric(doc: dict) -> tuple[dict, float]:
+        calls.append(doc["launch"]["index"])
+        assert len(calls) < 50, "the runner does not stop"
+        return {"status": "passed", "metrics": {"steps_per_s": 10.0}, "samples": {}, "environment": {},
+                "duration_s": 1.0}, 1.0
+
+    doc = {"case_id": "c", "kind": "synthetic", "params": {}, "launches": 3, "sequential": block}
+    merged = launches.run_paired(doc, {**doc}, without_metric, without_metric, "prev")
+    assert merged["metrics"]["launches"] == 3 and len(calls) == 6
+    assert "tokens_per_s missing" in merged["environment"]["sequential"]["reason"]
+    calls.clear()
+    history = {**doc, "sequential": {**block, "mode": "history", "baseline": [1.0, 1.0, 1.0]}}
+    merged, docs = launches.run_launches(history, without_metric)
+    assert len(docs) == 3 and "tokens_per_s missing" in merged["environment"]["sequential"]["reason"]
+
+
+def test_the_budget_stops_the_runner_whatever_the_rule_says() -> None:
+    block = sequential.spec(metric="tokens_per_s", direction="higher", mode="paired", max_regression=0.05,
+                            alpha=0.05, min_samples=5, max_launches=4)  # a first look the budget never reaches
+    step = sequential.next_step(block, [100.0] * 4, [100.0] * 4)
+    assert not step.more and "budget" in step.reason
+    assert sequential.next_step(block, [100.0] * 3, [100.0] * 3).more
+    assert not sequential.next_step(block, [100.0, None, 100.0], [100.0] * 3).more  # a missing figure: stop
+
+
 def test_the_baseline_side_never_gets_the_slowdown_switch() -> None:
     rel = make_release(training={"models": [{"name": "tiny", "settings": {"slowdown": 0.1}}],
                                  "variants": [{"name": "base"}, {"name": "compile", "compile": True}]})

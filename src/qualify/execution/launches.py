@@ -148,9 +148,8 @@ def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]],
             continue
         if block is None:
             break
-        figures = [_figure(d, block["metric"]) for d in docs]
-        step = sequential.next_step(block, [f for f in figures if f is not None])
-        if not step.more:
+        step = sequential.next_step(block, [_figure(d, block["metric"]) for d in docs])
+        if not step.more or index >= int(block["max_launches"]):  # the budget bounds the loop, whatever the rule
             break
     merged = merge_launches(docs, durations, planned=count)
     merged.setdefault("environment", {})["sequential"] = _stop_record(block, count, len(docs), step)
@@ -220,10 +219,9 @@ def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
             continue
         if block is None or problem is not None:
             break
-        cand = [_figure(d, block["metric"]) for d in cand_docs]
-        base = [_figure(d, block["metric"]) for d in base_docs]
-        step = sequential.next_step(block, [c for c in cand if c is not None], [b for b in base if b is not None])
-        if not step.more:
+        step = sequential.next_step(block, [_figure(d, block["metric"]) for d in cand_docs],
+                                    [_figure(d, block["metric"]) for d in base_docs])
+        if not step.more or pair >= int(block["max_launches"]):  # the budget bounds the loop, whatever the rule
             break
     merged = merge_launches(cand_docs, cand_s, planned=count)
     merged.setdefault("environment", {})["sequential"] = _stop_record(block, count, len(cand_docs), step)

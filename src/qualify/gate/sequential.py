@@ -52,15 +52,27 @@ def _comparison(block: Mapping[str, Any], candidate: Sequence[float],
                                  **common)
 
 
-def next_step(block: Mapping[str, Any], candidate: Sequence[float],
-              paired_baseline: Sequence[float] | None = None) -> Step:
-    """After n = len(candidate) launches (pairs): another one? Never past max_launches."""
+def next_step(block: Mapping[str, Any], candidate: Sequence[float | None],
+              paired_baseline: Sequence[float | None] | None = None) -> Step:
+    """After n = len(candidate) launches (pairs): another one? Never past max_launches, whatever the figures say.
+
+    `candidate` (and `paired_baseline`) hold one figure per launch run, None where the launch did not report the
+    metric: the budget counts launches, not figures, so a metric no launch reports cannot keep the loop going
+    (it did: a paired synthetic case without the metric ran 583 launches against a budget of 4)."""
     n = len(candidate)
     budget = int(block["max_launches"])
-    if n < int(block["min_samples"]):
-        return Step(True, f"{n} launches, below the first look at {block['min_samples']}")
-    cmp = _comparison(block, candidate, paired_baseline)
     unit = "pairs" if block["mode"] == "paired" else "launches"
+    missing = [k + 1 for k, v in enumerate(candidate) if v is None]
+    missing += [k + 1 for k, v in enumerate(paired_baseline or []) if v is None and k + 1 not in missing]
+    if missing:
+        return Step(False, f"no decision to wait for: {block['metric']} missing from launch(es) "
+                           f"{', '.join(map(str, sorted(missing)))}")
+    if n < int(block["min_samples"]):
+        if n >= budget:
+            return Step(False, f"the budget of {budget} {unit} is spent before the first look")
+        return Step(True, f"{n} launches, below the first look at {block['min_samples']}")
+    cmp = _comparison(block, [float(v) for v in candidate if v is not None],
+                      [float(v) for v in paired_baseline if v is not None] if paired_baseline is not None else None)
     if cmp.outcome is None:
         return Step(False, f"no decision to wait for: {cmp.problem}")
     if cmp.decision is not ni.Decision.UNDECIDED:
