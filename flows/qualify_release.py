@@ -105,7 +105,8 @@ def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str |
     ready: queue.Queue[str] = queue.Queue()
     by_id = {case.case_id: case for case in pending}
     tasks: dict[str, Any] = {}
-    with ThreadPoolExecutor(max_workers=len(pending), thread_name_prefix="qualify-case") as pool:
+    pool = ThreadPoolExecutor(max_workers=len(pending), thread_name_prefix="qualify-case")
+    try:
         running: dict[str, Future[CaseOutcome]] = {}
         for case in pending:
             future = pool.submit(attempts.run_case, ctx, case, logger.warning,
@@ -121,6 +122,9 @@ def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str |
                 tasks[case_id] = run_case_task.with_options(task_run_name=case_id).submit(
                     ctx, by_id[case_id], running[case_id], progress_id)
         wait_for_all(list(tasks.values()))
+    finally:
+        # Never wait here for cases still on Ray (an interrupt): the flow's own cleanup stops Ray, which ends them.
+        pool.shutdown(wait=False, cancel_futures=True)
     return [tasks[case.case_id].result() for case in pending]
 
 
