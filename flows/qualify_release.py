@@ -102,7 +102,7 @@ def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str |
     Every case finishes (and is spooled) before a failed one stops the flow."""
     if not pending:
         return []
-    ready: queue.Queue[str] = queue.Queue()
+    ready: queue.Queue[tuple[str, bool]] = queue.Queue()  # (case, its Ray task started) or (case, it ended)
     by_id = {case.case_id: case for case in pending}
     tasks: dict[str, Any] = {}
     pool = ThreadPoolExecutor(max_workers=len(pending), thread_name_prefix="qualify-case")
@@ -110,17 +110,17 @@ def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str |
         running: dict[str, Future[CaseOutcome]] = {}
         for case in pending:
             future = pool.submit(attempts.run_case, ctx, case, logger.warning,
-                                 on_started=functools.partial(ready.put, case.case_id))
-            future.add_done_callback(lambda _f, case_id=case.case_id: ready.put(case_id))
+                                 on_started=functools.partial(ready.put, (case.case_id, True)))
+            future.add_done_callback(lambda _f, case_id=case.case_id: ready.put((case_id, False)))
             running[case.case_id] = future
         while len(tasks) < len(pending):
             try:
-                case_id = ready.get(timeout=1.0)  # a timeout keeps the flow's thread answering signals
+                case_id, started = ready.get(timeout=1.0)  # a timeout keeps the flow's thread answering signals
             except queue.Empty:
                 continue
             if case_id not in tasks:
                 tasks[case_id] = run_case_task.with_options(task_run_name=case_id).submit(
-                    ctx, by_id[case_id], running[case_id], progress_id)
+                    ctx, by_id[case_id], running[case_id], started, progress_id)
         wait_for_all(list(tasks.values()))
     finally:
         # Never wait here for cases still on Ray (an interrupt): the flow's own cleanup stops Ray, which ends them.

@@ -18,14 +18,17 @@ from qualify.report.case_lines import figure_lines, resources_text
 # No Prefect retries or timeout here: the Ray task enforces the case timeout, and the
 # pipeline retries infrastructure failures only (a failed test is never retried into a pass).
 @task(name="run-case", cache_policy=NO_CACHE)
-def run_case_task(ctx: pipeline.RunContext, case: Case, running: Future[CaseOutcome],
+def run_case_task(ctx: pipeline.RunContext, case: Case, running: Future[CaseOutcome], started_on_ray: bool,
                   progress_artifact_id: str | None = None) -> CaseOutcome:
     """The case's task run: created when its Ray task starts (the flow's _run_cases), Running while the case runs
-    on Ray (attempts.run_case in the flow's case thread), ended with the case's outcome, figures and log tail."""
+    on Ray (attempts.run_case in the flow's case thread), ended with the case's outcome, figures and log tail.
+    A case that ended without a Ray task running it (infeasible, lost before it ran) gets its task run then."""
     logger = get_run_logger()
-    if not running.done():
-        logger.info("%s: its Ray task started (%s)", case.case_id,
-                    resources_text(case.resources.model_dump(exclude_defaults=True)))
+    resources = resources_text(case.resources.model_dump(exclude_defaults=True))
+    if started_on_ray:
+        logger.info("%s: its Ray task started (%s)", case.case_id, resources)
+    else:
+        logger.info("%s: ended before any Ray task ran it (%s)", case.case_id, resources)
     outcome = running.result()
     level = logger.info if outcome.passed else logger.error
     level("%s: %s%s after %s attempt(s), exec %.1f s, queue %s s on %s", case.case_id, outcome.status,

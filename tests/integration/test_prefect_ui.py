@@ -1,6 +1,6 @@
 """What an operator sees in the Prefect UI of a real `prefect server start` after `qualify run`: the flow run is
-named `<release>:<tag> run <id>`, the flow and every case's task run have INFO logs (start, result line, the
-workload's log tail on failure) while the CLI's console stays quiet, the summary artifact leads with the
+named `<release>:<tag> run <id>`, the flow and every case's task run have INFO logs (its Ray task started, result line,
+the workload's log tail on failure) while the CLI's console stays quiet, the summary artifact leads with the
 failures and the artifacts point at the HTML report. With chromium, the flow-run page is opened in a
 headless browser and a screenshot kept (QUALIFY_TEST_SCREENSHOTS=DIR keeps a copy)."""
 
@@ -49,7 +49,7 @@ def test_a_run_in_the_prefect_ui(tmp_path: Path, prefect_server) -> None:  # noq
             by_task.setdefault(task_runs.get(log["task_run_id"], "?"), []).append(log["message"])
     for case in ("sleep/nap/0000", "sleep/nap/0001", "sleep/crash"):
         lines = by_task.get(case, [])
-        assert any("submitted to Ray" in m for m in lines), (case, lines)
+        assert any(m.startswith(f"{case}: its Ray task started") for m in lines), (case, lines)
         assert any(m.startswith(f"{case}: passed") or m.startswith(f"{case}: error") for m in lines), (case, lines)
     crash = "\n".join(by_task["sleep/crash"])
     assert "the workload's log, last" in crash and "exiting with code 3 as asked" in crash
@@ -75,7 +75,7 @@ def test_a_run_in_the_prefect_ui(tmp_path: Path, prefect_server) -> None:  # noq
     ui = api.rsplit("/api", 1)[0]
     with Browser(tmp_path, width=1400, height=1000) as browser:
         browser.goto(f"{ui}/runs/flow-run/{flow_run['id']}",
-                     until="document.body && document.body.innerText.includes('submitted to Ray')"
+                     until="document.body && document.body.innerText.includes('its Ray task started')"
                            f" && document.body.innerText.includes('served:2.0 run {run_id}')", timeout=120)
         text = browser.evaluate("document.body.innerText")
         assert "This run didn't generate logs" not in text
