@@ -207,10 +207,13 @@ def _wait_for(predicate, proc, timeout_s: float = 300.0, what: str = "") -> None
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _spooled(data_dir: Path, name: str) -> Path | None:
-    """The spooled result of run 1, wherever this database's own data directory (db-<uuid>/) is."""
-    found = sorted(data_dir.glob(f"db-*/spool/run-1/{name}"))
-    return found[0] if found else None
+def _spooled(data_dir: Path) -> dict[str, Path]:
+    """Run 1's spooled results by case id, wherever this database's own data directory (db-<uuid>/) is; read with
+    the spool's own reader, whatever its file names."""
+    from qualify.execution import spool
+
+    return {result.case_id: path for db_dir in sorted(data_dir.glob("db-*"))
+            for path, result in spool.pending(db_dir, 1)}
 
 
 @pytest.mark.parametrize("how", ["removed", "replaced"])
@@ -233,10 +236,7 @@ def test_a_database_that_vanishes_mid_run_is_exit_3_with_the_results_spooled(tmp
     proc = subprocess.Popen([sys.executable, "-m", "qualify", "run", str(manifest), "--db", f"sqlite:///{db_file}",
                              "--json"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: _spooled(tmp_path / "data", "sleep_short.json") is not None, proc,
-                  what="the short case's spooled result")
-        spooled = _spooled(tmp_path / "data", "sleep_short.json")
-        assert spooled is not None
+        _wait_for(lambda: "sleep/short" in _spooled(tmp_path / "data"), proc, what="the short case's spooled result")
         if how == "removed":
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{db_file}{suffix}").unlink(missing_ok=True)
@@ -253,6 +253,6 @@ def test_a_database_that_vanishes_mid_run_is_exit_3_with_the_results_spooled(tmp
     lines = [line for line in err.splitlines() if line.startswith(("error:", "infrastructure error:", "refused:"))]
     assert len(lines) == 1 and ("vanished" in lines[0] or "replaced" in lines[0] or "not the one" in lines[0]), err
     assert "--resume 1" in lines[0] and ("vanished" if how == "removed" else "replaced") in lines[0]
-    kept = sorted(p.name for p in spooled.parent.glob("*.json"))
-    assert kept == ["sleep_long.json", "sleep_short.json"]
-    assert all(json.loads((spooled.parent / name).read_text())["doc"]["status"] == "passed" for name in kept)
+    kept = _spooled(tmp_path / "data")
+    assert sorted(kept) == ["sleep/long", "sleep/short"]
+    assert all(json.loads(path.read_text())["doc"]["status"] == "passed" for path in kept.values())
