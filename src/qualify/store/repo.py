@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
 from qualify.errors import BadInput
-from qualify.manifest.load import LoadedManifest, load_manifest_text
 from qualify.outcomes import Verdict
 from qualify.store.models import (
     Calibration,
@@ -25,6 +24,9 @@ from qualify.store.models import (
     Run,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from qualify.manifest.load import LoadedManifest
 
 
 class RunConflict(BadInput):
@@ -325,9 +327,11 @@ def heartbeat(session: Session, run: Run, when: dt.datetime | None = None) -> No
     run.heartbeat_at = when or utcnow()
 
 
-def run_manifest(run: Run, path: Path | None = None) -> LoadedManifest:
+def run_manifest(run: Run, path: Path | None = None) -> "LoadedManifest":
     """The manifest a run qualified, from the copy stored with it. Waivers are not refused for having
     expired since: the gate judges expiry itself. Raises ManifestError if the stored text is unreadable."""
+    from qualify.manifest.load import load_manifest_text  # the manifest model loads when a run is read
+
     return load_manifest_text(run.manifest_text, str(path) if path else f"run {run.id} manifest", path=path,
                               check_expiry=False)
 
