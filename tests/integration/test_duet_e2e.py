@@ -130,8 +130,8 @@ def test_qualify_run_in_duet_mode_passes_identical_code_fails_a_slower_one_and_f
     assert 3 <= wide["paired"]["pairs"] <= 4  # 3 planned, more while undecided, never past max_launches (4)
     assert "no node can hold both sides" in reasons["synthetic/wide"]["message"]
 
-    # Twice the work per step: never a PASS, and the slowdown is seen. Alone on this machine it is a FAIL at the first
-    # look (measured: -50%); with another duet benchmark pinned to the same two cores beside it, contention coupled
+    # Twice the work per step: never a PASS, and the slowdown is seen. Run alone on this machine it was a FAIL; with
+    # another duet benchmark pinned to the same two cores beside it, contention coupled
     # the sides (-23% [-38.9%, -3.0%]) and the last look's share of alpha (0.9%) left it undecided: INCOMPLETE,
     # whose best end still shows the candidate slower.
     code, slow = _run(tmp_path, db, _manifest(tmp_path / "slow.yaml", "1.2", "1.0", slowdown=1.0))
