@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -109,10 +110,17 @@ def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str |
     try:
         running: dict[str, Future[CaseOutcome]] = {}
         for case in pending:
+            # One case handed to Ray at a time, in the planner's order (longest first): threads that all called
+            # Ray at once reached its queue in any order, and a short case could wait behind every long one.
+            handed = threading.Event()
             future = pool.submit(attempts.run_case, ctx, case, logger.warning,
-                                 on_started=functools.partial(ready.put, (case.case_id, True)))
+                                 on_started=functools.partial(ready.put, (case.case_id, True)),
+                                 on_submitted=handed.set)
             future.add_done_callback(lambda _f, case_id=case.case_id: ready.put((case_id, False)))
+            future.add_done_callback(lambda _f, event=handed: event.set())
             running[case.case_id] = future
+            while not handed.wait(timeout=1.0):  # a timeout keeps the flow's thread answering signals
+                pass
         while len(tasks) < len(pending):
             try:
                 case_id, started = ready.get(timeout=1.0)  # a timeout keeps the flow's thread answering signals

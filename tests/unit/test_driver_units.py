@@ -151,6 +151,22 @@ def test_an_infeasible_case_is_an_infra_result_without_running(ctx: pipeline.Run
     assert runner.calls == 0 and outcome.error_class == ErrorClass.INFRA and "no GPU" in (outcome.error or "")
 
 
+def test_a_case_releases_the_next_submission_once_whatever_happens(ctx: pipeline.RunContext) -> None:
+    """The flow hands cases to Ray one at a time: a case that never reaches Ray (infeasible, or a runner that
+    raises) must still release the next one, exactly once."""
+    handed: list[str] = []
+    attempts.run_case(ctx, ctx.cases[0], runner=FakeRunner(), infeasible=lambda _r: "no GPU anywhere",
+                      on_submitted=lambda: handed.append("infeasible"))
+
+    def broken(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("Ray is gone")
+
+    with pytest.raises(RuntimeError):
+        attempts.run_case(ctx, ctx.cases[0], runner=broken, infeasible=lambda _r: None,
+                          on_submitted=lambda: handed.append("raised"))
+    assert handed == ["infeasible", "raised"]
+
+
 # --------------------------------------------------------------------------- reporting and verify
 
 

@@ -70,11 +70,14 @@ CaseRunner = Callable[..., CaseRunResult]
 def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m: None, *,
              runner: CaseRunner | None = None,
              infeasible: Callable[[Any], str | None] | None = None,
-             on_started: Callable[[], None] | None = None) -> CaseOutcome:
+             on_started: Callable[[], None] | None = None,
+             on_submitted: Callable[[], None] | None = None) -> CaseOutcome:
     """Run one case on Ray, retrying infrastructure failures only, and record the final result at once.
 
     `runner` and `infeasible` default to the Ray backend; tests pass fakes to exercise the retry loop.
     `on_started` is called once, when the case's first Ray task runs (the progress says running, no longer queued).
+    `on_submitted` is called once, when its first Ray task is handed to Ray, or when the case ends without one
+    (infeasible, or an error): the flow hands cases to Ray one after the other, in submission order.
     """
     runner = runner or run_case_on_ray
     infeasible = infeasible or infeasible_reason
@@ -90,8 +93,24 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         if on_started is not None:
             on_started()
 
+    handed = threading.Event()
+
+    def submitted() -> None:
+        if not handed.is_set():
+            handed.set()
+            if on_submitted is not None:
+                on_submitted()
+
     # Only the Ray backend is told (tests' fake runners take the arguments they know).
-    signal = {"on_started": started} if runner is run_case_on_ray else {}
+    signal = {"on_started": started, "on_submitted": submitted} if runner is run_case_on_ray else {}
+    try:
+        return _attempts(ctx, case, log, runner, infeasible, signal)
+    finally:
+        submitted()  # a case that never reached Ray releases the next one too
+
+
+def _attempts(ctx: RunContext, case: Case, log: Callable[[str], None], runner: CaseRunner,
+              infeasible: Callable[[Any], str | None], signal: dict[str, Any]) -> CaseOutcome:
     paired_case = is_paired_case(ctx.paired, ctx.manifest, case)
     case_doc = case.document()
     block = sequential_block(ctx.sessions, ctx.manifest, case, paired=paired_case and ctx.paired is not None

@@ -224,7 +224,8 @@ def _multinode_launches(executor: Executor, case_doc: dict[str, Any], resources:
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
                     timeout_s: float, *, baseline: Executor | None = None,
                     baseline_doc: dict[str, Any] | None = None, duet: Any = None,
-                    on_started: Callable[[], None] | None = None) -> CaseRunResult:
+                    on_started: Callable[[], None] | None = None,
+                    on_submitted: Callable[[], None] | None = None) -> CaseRunResult:
     """Submit one case (its launches, qualify.launches) and wait for it; a lost worker or node becomes an
     `infra` result, not an exception. With a baseline executor the case is paired (execute_paired_case).
 
@@ -232,10 +233,13 @@ def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Res
     one after the other from here (pairing is refused for such a case: the pipeline never asks it). With a
     baseline and a duet policy the case runs in duet (execution.duet), in one task holding both sides.
 
-    `on_started` is called once the Ray task runs (Ray queues it until its resources are free): each task first
+    `on_submitted` is called once the task is handed to Ray (the flow submits cases one after the other, in the
+    planner's order). `on_started` is called once the Ray task runs (Ray queues it until its resources are free): each task first
     yields its start time (a streaming generator), then its result, so that the driver can tell queued from running.
     """
     if resources.nodes > 1:
+        if on_submitted is not None:
+            on_submitted()  # its placement group is asked for next
         return _multinode_launches(executor, case_doc, resources, timeout_s, on_started)
     submitted = time.time()
     options = {**ray_options(resources), "num_returns": "streaming"}
@@ -249,6 +253,8 @@ def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Res
                                                                baseline_doc or case_doc, timeout_s, submitted)
     else:
         stream = execute_case.options(**options).remote(executor, case_doc, timeout_s, submitted)
+    if on_submitted is not None:
+        on_submitted()
     try:
         ray.get(next(stream))  # the start time: the task runs now (a task that died first raises here)
         if on_started is not None:
