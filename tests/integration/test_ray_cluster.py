@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 from support.flows import results, run_qualify, sleep_manifest
 from support.net import free_port
+from support.processes import stop_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -65,14 +65,7 @@ def ray_cluster(tmp_path: Path):
         yield address
     finally:
         for proc in reversed(procs):
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            stop_group(proc)
         shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -11,7 +11,6 @@ PREFECT_API_URL. Without a server that answers, the suite falls back to the ephe
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Iterator
 import httpx
 
 from support.net import free_port
+from support.processes import stop_group
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 START_TIMEOUT_S = 180
@@ -54,12 +54,5 @@ def running(home: Path) -> Iterator[str | None]:
                   file=sys.stderr)
         yield api if up else None
     finally:
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(server.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_group(server)
         log.close()

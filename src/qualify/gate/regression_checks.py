@@ -13,7 +13,7 @@ from qualify.gate import duet_stats, stats
 from qualify.gate import noninferiority as ni
 from qualify.gate.calibration import lookup as calibration_lookup
 from qualify.manifest import GatePolicy
-from qualify.gate.reasons import PASS, FAIL, NO_BASELINE, INCOMPLETE, ResultData, Reason, _num, _pct
+from qualify.gate.reasons import PASS, FAIL, NO_BASELINE, INCOMPLETE, ResultData, Reason, _num, _passed, _pct
 
 
 def series(result: ResultData, metric: str) -> list[float]:
@@ -108,10 +108,7 @@ def check_paired_regression(policy: GatePolicy, cases: Sequence[Case],
     with the reason."""
     reg = policy.regression
     reasons: list[Reason] = []
-    for case in cases:
-        result = results.get(case.case_id)
-        if result is None or result.status != "passed":
-            continue  # a missing or failed case is the completeness check's
+    for case, result in _passed(cases, results):  # a missing or failed case is the completeness check's
         paired = result.environment.get("paired") if isinstance(result.environment, Mapping) else None
         for metric in reg.metrics_for(case.kind):
             cand = result_document.per_launch_series(result.samples, metric)
@@ -141,10 +138,7 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
     is judged pair by pair, with the reason said."""
     reg = policy.regression
     reasons: list[Reason] = []
-    for case in cases:
-        result = results.get(case.case_id)
-        if result is None or result.status != "passed":
-            continue  # a missing or failed case is the completeness check's
+    for case, result in _passed(cases, results):  # a missing or failed case is the completeness check's
         env = result.environment if isinstance(result.environment, Mapping) else {}
         record = env.get("duet") if isinstance(env.get("duet"), Mapping) else {}
         blocks = [duet_stats.DuetBlock(side, tuple(ratios))
