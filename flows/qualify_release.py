@@ -203,7 +203,8 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
                               for o in promote_task(ctx)]
         outcome = RunOutcome(run_id=ctx.run_id, verdict=verdict, status=status, digest=build.digest,
                              reasons=evaluation.judgement.reason_dicts(), report=str(written), cases=outcomes,
-                             promotions=promotions, stage_seconds=ctx.stage_seconds())
+                             promotions=promotions, stage_seconds=ctx.stage_seconds(),
+                             launch_time=ctx.launch_time_line())
         log_verdict(logger, outcome, report_link)
         return final_state(outcome)  # type: ignore[return-value] - a state Prefect ends the run in, carrying it
     except QualifyError as exc:

@@ -90,6 +90,8 @@ class RunOutcome:
     cases: list[CaseOutcome] = field(default_factory=list)
     promotions: list[PromotionSummary] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # Measurement efficiency and the launches' phases, as one line (report/efficiency.LaunchTime.line).
+    launch_time: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -97,6 +97,14 @@ class RunContext:
         with self.run_row() as (_session, run):
             return dict(run.stage_seconds or {})
 
+    def launch_time_line(self) -> str:
+        """Where the cases' launch seconds went and the measurement efficiency (report/efficiency.py)."""
+        from qualify.report.efficiency import launch_time
+
+        with self.run_row() as (session, run):
+            results = repo.case_results(session, run.id)
+            return launch_time((r.environment for r in results), run.stage_seconds or {}).line()
+
     def bind_flow_run(self, flow_run_id: str | None) -> None:
         """Remember the orchestrator's id for this run (the Prefect UI links to it)."""
         with self.run_row() as (_session, run):

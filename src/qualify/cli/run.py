@@ -129,6 +129,8 @@ def _print_outcome(console: Console, outcome: RunOutcome, verbose: bool = False)
         console.print(f"  {line}", markup=False, highlight=False)
     if outcome.stage_seconds:
         console.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.stage_seconds.items()))
+    if outcome.launch_time:
+        console.print(outcome.launch_time, markup=False, highlight=False)
     for p in outcome.promotions:
         console.print(f"promotion {p.target}: {p.outcome}", markup=False)
     console.print(f"report: {outcome.report}", markup=False, highlight=False)

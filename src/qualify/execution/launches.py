@@ -48,6 +48,25 @@ def launch_count(case_doc: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
+def sum_phases(launches: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The seconds per phase (workloads/phases.py) summed over the launches, and `executor`: each launch's wall
+    time outside its workload's phases (spawning the process, reading its document), summed."""
+    total: dict[str, float] = {}
+    outside = 0.0
+    for launch in launches:
+        phases = launch.get("phases") or {}
+        for name, seconds in phases.items():
+            value = finite(seconds)
+            if value is not None:
+                total[name] = round(total.get(name, 0.0) + value, 4)
+        wall = finite(launch.get("duration_s"))
+        if wall is not None and phases:
+            outside += max(0.0, wall - sum(finite(v) or 0.0 for v in phases.values()))
+    if total:
+        total["executor"] = round(outside, 4)
+    return total
+
+
 def _cv(values: Sequence[float]) -> float | None:
     if len(values) < 2:
         return None
@@ -64,9 +83,11 @@ def merge_launches(docs: Sequence[Mapping[str, Any]], durations_s: Sequence[floa
     base = dict(first_bad or docs[0])
     env = dict(base.get("environment") or {})
     env["launches"] = [{"index": i, "status": d.get("status"), "error_class": d.get("error_class"),
-                        "duration_s": (durations_s[i] if i < len(durations_s) else d.get("duration_s"))}
+                        "duration_s": (durations_s[i] if i < len(durations_s) else d.get("duration_s")),
+                        "phases": (d.get("environment") or {}).get("phases")}
                        for i, d in enumerate(docs)]
     env["launches_planned"] = planned
+    env["phases"] = sum_phases(env["launches"])
     base["environment"] = env
     if first_bad is not None:
         index = docs.index(first_bad)
@@ -239,6 +260,7 @@ def attach_pairing(merged: dict[str, Any], base_docs: Sequence[Mapping[str, Any]
             if name.startswith(PER_LAUNCH):
                 merged["samples"][PAIRED_BASELINE + name] = values
         paired.update(pairs=len(base_docs), baseline_metrics=base["metrics"],
+                      baseline_phases=base["environment"].get("phases") or {},
                       baseline_environment={k: base["environment"].get(k) for k in
                                             ("torch", "deepspeed", "transformers", "python", "hostname")
                                             if k in base["environment"]})

@@ -186,6 +186,8 @@ def _run_facts(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
     if view["stage_seconds"]:
         stages = ", ".join(f"{name} {value:.1f} s" for name, value in view["stage_seconds"].items())
         rows.append(["stages", esc(stages)])
+    if view.get("launch_time"):
+        rows.append(["launch time", esc(view["launch_time"]["line"])])
     return ("<section id='run'><h2>Run</h2><table>"
             + "".join(f"<tr><th>{esc(name)}</th><td>{value}</td></tr>" for name, value in rows) + "</table></section>")
 

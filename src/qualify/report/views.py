@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from qualify.numbers import fmt_number
+from qualify.report.efficiency import launch_time
 from qualify.store import repo
 from qualify.store.models import CaseResult, Run
 from qualify.timestamps import iso
@@ -58,6 +59,8 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         return None
     order = manifest_order(run)
     detail = run_summary(session, run)
+    results = repo.case_results(session, run.id)
+    spent = launch_time((r.environment for r in results), run.stage_seconds or {})
     detail.update({
         "repository": run.release.repository,
         "tag": run.release.tag,
@@ -69,6 +72,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         "manifest_sha256": run.manifest_sha256,
         "flow_run_id": run.flow_run_id,
         "stage_seconds": run.stage_seconds or {},
+        "launch_time": {**spent.as_dict(), "line": spent.line()},
         "components": [
             {"name": c.name, "rule": c.rule, "expected": c.expected, "actual": c.actual, "ok": c.ok,
              "optional": c.optional, "detail": c.detail}
@@ -80,7 +84,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
              "samples": r.samples, "environment": r.environment, "log_tail": r.log_tail,
              "key_metrics": key_metrics(r), "attempts": r.attempts, "queue_wait_s": r.queue_wait_s,
              "exec_s": r.exec_s, "node": r.node}
-            for r in sorted(repo.case_results(session, run.id),
+            for r in sorted(results,
                             key=lambda r: (order.get(r.case_id, len(order)), r.case_id))
         ],
         "decisions": [
@@ -159,6 +163,8 @@ def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
     lines.append("")
     if detail.get("stage_seconds"):
         lines += ["stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in detail["stage_seconds"].items()), ""]
+    if detail.get("launch_time"):
+        lines += [detail["launch_time"]["line"], ""]
     if groups.get("PASS"):
         lines += [f"## Passed checks ({len(groups['PASS'])})", ""] + table(groups["PASS"])
     return "\n".join(lines).rstrip() + "\n"

@@ -34,6 +34,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterable
 
+from qualify.workloads import phases
 from qualify.workloads.procs import die_with_parent
 from qualify.workloads.settings import WorkloadSettings
 
@@ -253,6 +254,7 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
     root.addHandler(tail)
 
     start = time.monotonic()
+    phases.CLOCK.start(phases.process_age_s())
     case: dict[str, Any] = {"case_id": None, "kind": kind}
     try:
         case, _ = read_case(argv, description=f"qualify {kind} workload")
@@ -260,6 +262,7 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
         for name, value in (case.get("env") or {}).items():
             os.environ[str(name)] = str(value)
         fields = handler(case, LOG)
+        phases.enter("report")
         doc = make_result(case, fields.pop("status", "passed"), log_tail=tail.text(),
                           duration_s=time.monotonic() - start, **fields)
     except BadCase as exc:
@@ -279,6 +282,7 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
         doc = make_result(case, "error", error_class=error_class,
                           error=f"{type(exc).__name__}: {exc}"[:2000],
                           log_tail=tail.text(), duration_s=time.monotonic() - start)
+    doc["environment"].setdefault("phases", phases.CLOCK.finish())
     try:
         emit(doc)
         if result_path:

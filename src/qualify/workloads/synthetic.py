@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from qualify.workloads import duet, protocol
+from qualify.workloads import duet, phases, protocol
 
 
 def _slowed(metric: str, value: float, slowdown: float) -> float:
@@ -127,7 +127,9 @@ def _timed_steps(case: dict[str, Any], params: dict[str, Any], slowdown: float) 
     iterations = int(round(work * (1 + slowdown)))
     times: list[float] = []
     try:
+        phases.enter("warmup")
         _work(iterations)  # warm-up, untimed
+        phases.enter(phases.MEASURE)
         for _ in range(steps):
             if barrier is not None:
                 barrier.wait()
@@ -135,6 +137,7 @@ def _timed_steps(case: dict[str, Any], params: dict[str, Any], slowdown: float) 
             _work(iterations)
             times.append(time.perf_counter() - start)
     finally:
+        phases.enter("report")
         if barrier is not None:
             barrier.close()
     return times, (barrier.report() if barrier is not None else None)

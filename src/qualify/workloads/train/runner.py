@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from qualify.workloads import duet, protocol
+from qualify.workloads import duet, phases, protocol
 from qualify.workloads.settings import WorkloadSettings
 from qualify.workloads.train.env import clear_stale_build_locks, device_facts, limit_memory, recorded_env, redact
 from qualify.workloads.train.ranks import (RANK_RESULT_DIR, choose_launcher, free_port, gloo_env, is_launched,
@@ -187,6 +187,7 @@ def _setup(case, p: TrainParams, launcher: str) -> _Setup:
 
     from qualify.workloads.train import models as tm
 
+    phases.enter("model_build")  # the process group and the model: set-up, not measurement
     config = tm.build_config(tm.config_dict(p.model, p.model_config_path))
     check_against_model(p, config.num_hidden_layers,
                         getattr(config, "max_position_embeddings", None))
@@ -450,6 +451,7 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrie
     memory = PeakMemory(s.device)
     try:
         warm_times: list[float] = []
+        phases.enter("warmup")
         for _ in range(p.warmup_steps):
             elapsed = step()
             warm_times.append(elapsed)
@@ -464,6 +466,7 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrie
         memory.reset()
         evidence.timed_start()
         step.barrier = barrier
+        phases.enter(phases.MEASURE)
         for _ in range(p.repeats):
             # As timeit does: collect between repeats, no cyclic GC pause inside one.
             gc.collect()
@@ -476,6 +479,7 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrie
             first_step = times[0][0] if first_step is None else first_step
             if gc_was_enabled:
                 gc.enable()
+        phases.enter("report")
     except (_NanLoss, _Timeout) as exc:
         if gc_was_enabled:
             gc.enable()

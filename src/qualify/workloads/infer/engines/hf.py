@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from qualify.workloads import phases
 from qualify.workloads.infer import metrics as infer_metrics
 from qualify.workloads.infer import models as infer_models
 from qualify.workloads.infer import probes as infer_probes
@@ -286,8 +287,10 @@ def _serve(model, prompts: torch.Tensor, p: InferParams, device: str
     repeat is served from a cache that an earlier one filled: unlike vLLM's prefix cache there is
     nothing to reset between repeats here.
     """
+    phases.enter("warmup")
     for i in range(p.warmup):
         greedy_generate(model, prompts[i % p.num_prompts], p.max_new_tokens, device=device)
+    phases.enter(phases.MEASURE)
     records: list[dict[str, Any]] = []
     rates: list[float] = []
     outputs: list[list[int]] = []
@@ -304,6 +307,7 @@ def _serve(model, prompts: torch.Tensor, p: InferParams, device: str
             if rep == 0:
                 outputs.append(r["tokens"])
         rates.append(total_tokens / max(time.perf_counter() - t_rep, 1e-9))
+    phases.enter("report")
     metrics, samples = infer_metrics.serving_summary(records, rates)
     return metrics, samples, outputs, nonfinite
 
@@ -322,6 +326,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     attn = p.engine_args.get("attn_implementation")
     metrics: dict[str, Any] = {}
 
+    phases.enter("model_build")
     t0 = time.monotonic()
     try:
         model, path = infer_models.load_model(source, seed=p.seed, train_steps=steps, dtype=dtype, device=device,
@@ -359,6 +364,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     # bytes (10 MB for a tiny preset; a 150k vocabulary at 10,000 positions would need 6 GB).
     ref_logits = None
     if eval_seqs is not None:
+        phases.enter("agreement")
         t0 = time.monotonic()
         ref_seed = p.inject.get("reference_seed")
         if p.reference_model is not None or ref_seed is not None:
@@ -376,6 +382,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     qlayers = infer_quant.target_layers(model, p.quantize_lm_head)
     reference_bytes = infer_quant.linear_weight_bytes(qlayers)  # the same weights, unquantized
     _sync(device)
+    phases.enter("quantize")
     t0 = time.monotonic()
     qinfo = infer_quant.quantize(model, p.scheme, device=device, group_size=p.group_size,
                                  quantize_lm_head=p.quantize_lm_head, log=log)
@@ -400,6 +407,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     samples: dict[str, list[float]] = {}
     agreement_env: dict[str, Any] = {"agreement_evaluated": eval_seqs is not None}
     if eval_seqs is not None:
+        phases.enter("agreement")
         t0 = time.monotonic()
         q_logits = teacher_forced_logits(model, eval_seqs, device, eval_batch)
         quality, flags = infer_metrics.compare_logits_by_sequence(ref_logits, q_logits, eval_seqs[:, 1:], k=p.top_k)
@@ -438,6 +446,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         outputs.extend(long_out)
         return infer_probes.check_degenerate(outputs, vocab, p.max_repeat_run, nonfinite)
 
+    phases.enter("probes")
     prefix_off = p.engine_args.get("enable_prefix_caching") is False
     probes = infer_probes.run_requested(p.probes, {
         "prefix_cache": (infer_probes.skipped("prefix caching disabled (engine_args)", by_setting=True)
@@ -445,6 +454,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         "max_model_len": long_request,
         "degenerate": degenerate,
     }, log)
+    phases.enter("report")
     metrics["max_model_len"] = max_len
 
     env = environment(device, dtype)

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from qualify.workloads import phases
 from qualify.workloads.infer import checkpoint as infer_checkpoint
 from qualify.workloads.infer import compress as infer_compress
 from qualify.workloads.infer import metrics as infer_metrics
@@ -651,8 +652,10 @@ def _serve(p: InferParams, eng: _Engine, llm: Any, data: Any, log: logging.Logge
             resets["refused"] += 1
 
     warm_prompts = data.prompts(p.num_prompts, p.prompt_len, repeat=p.repeats).tolist()
+    phases.enter("warmup")
     for i in range(p.warmup):
         eng.gen(llm, [warm_prompts[i % len(warm_prompts)]], max_tokens=p.max_new_tokens)
+    phases.enter(phases.MEASURE)
     rates: list[float] = []
     outputs: list[list[int]] = []
     records: list[dict[str, Any]] = []
@@ -693,6 +696,7 @@ def _serve(p: InferParams, eng: _Engine, llm: Any, data: Any, log: logging.Logge
 
 def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
     cpu = on_cpu()
+    phases.enter("quantize")  # a preset trained and quantized once, then read from the case's cache
     ckpt = _prepare_checkpoint(p, log, scratch, cpu)
     eng = _Engine(p, ckpt, cpu, log)
     metrics: dict[str, Any] = {}
@@ -701,12 +705,15 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
     tokenizer = (infer_models.load_tokenizer(ckpt.path)
                  if ckpt.has_tokenizer and ckpt.path and ckpt.source.kind != "hub" else None)
 
+    phases.enter("agreement")
     ref = _reference_positions(p, eng, ckpt, tokenizer)
+    phases.enter("model_build")
     t0 = time.monotonic()
     llm = eng.load(ckpt.path, reference=False)
     metrics["load_time_s"] = time.monotonic() - t0
     data = ref.data or infer_models.token_source_for(ckpt.source, ckpt.path, eng.vocab, p.seed, tokenizer or (
         llm.get_tokenizer() if ckpt.has_tokenizer else None))
+    phases.enter("agreement")
     agreement = _agreement(p, eng, llm, data, ref, log)
     metrics.update(agreement.metrics)
     serving = _serve(p, eng, llm, data, log)
@@ -714,6 +721,7 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
     samples = {**serving.samples, **agreement.samples}
 
     # ---- probes (infer_probes.run_requested: the one dispatch of both engines)
+    phases.enter("probes")
     max_len = p.engine_args.get("max_model_len")
     try:
         max_len = max_len or int(model_config_of(llm).max_model_len)
@@ -727,6 +735,7 @@ def _run(p: InferParams, log: logging.Logger, scratch: str) -> dict[str, Any]:
         "degenerate": lambda: infer_probes.check_degenerate(serving.outputs, eng.vocab or 1 << 62, p.max_repeat_run),
     }, log)
     metrics["max_model_len"] = max_len
+    phases.enter("report")
     _shutdown(llm)
     env = _environment()
     env.update({"vllm_api": api_name(eng.version), "device": "cpu" if cpu else "cuda",
