@@ -85,3 +85,29 @@ def test_no_phases_or_no_cases_stage_means_no_efficiency_not_zero() -> None:
     assert launch_time([{"phases": {"measure": 1.0}}], {}).efficiency is None
     assert launch_time([{}], {"cases": 10.0}).efficiency is None
     assert "n/a" in launch_time([{}], {"cases": 10.0}).line()
+
+
+def test_a_later_inference_launch_times_the_engine_and_repeats_only_the_degenerate_probe(monkeypatch) -> None:
+    """The first launch evaluates the agreement and every probe; later launches (deterministic probes on the
+    same weights and data) keep only the check of their own outputs. The engine is a recorder here: this test
+    is about what the handler asks of an engine, and the engines' own tests run them."""
+    import logging
+
+    from qualify.workloads.infer import runner
+
+    asked = []
+
+    class Recorder:
+        @staticmethod
+        def run(p, log):
+            asked.append(p)
+            return {"metrics": {"output_tokens_per_s": 10.0}, "samples": {}, "probes": {}, "environment": {}}
+
+    monkeypatch.setattr(runner, "get_engine", lambda name: Recorder)
+    params = {"model": "tiny-qwen3", "scheme": "none", "probes": ["prefix_cache", "max_model_len", "degenerate"]}
+    for index in (0, 1, 2):
+        runner.handler({"params": params, "launch": {"index": index, "of": 3}}, logging.getLogger("t"))
+    assert [p.evaluate_agreement for p in asked] == [True, False, False]
+    assert asked[0].probes == ("prefix_cache", "max_model_len", "degenerate")
+    assert asked[1].probes == asked[2].probes == runner.EVERY_LAUNCH_PROBES == ("degenerate",)
+

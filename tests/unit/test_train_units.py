@@ -427,3 +427,18 @@ def test_a_stale_op_build_lock_is_removed_and_a_fresh_one_kept(tmp_path) -> None
     assert clear_stale_build_locks(str(tmp_path), now=now) == [str(stale / "lock")]
     assert not (stale / "lock").exists() and (fresh / "lock").exists()
     assert clear_stale_build_locks(str(tmp_path / "missing"), now=now) == []
+
+
+def test_inductor_precompiled_headers_go_to_the_compile_cache_not_the_launch_scratch(tmp_path, monkeypatch) -> None:
+    """Each launch has its own TMPDIR; inductor's precompiled headers under it were rebuilt (150 MB, ~4 s) by
+    every compile launch. They belong in the compile cache that every launch shares."""
+    from torch._inductor import codecache
+
+    from qualify.workloads.train.env import share_precompiled_headers
+
+    monkeypatch.setattr(codecache, "_HEADER_DIR", codecache._HEADER_DIR)  # restored after the test
+    monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", codecache._HEADER_LOCK_DIR)
+    assert share_precompiled_headers(None) is None
+    folder = share_precompiled_headers(str(tmp_path))
+    assert folder == str(tmp_path / "precompiled_headers") == codecache._HEADER_DIR
+    assert codecache._HEADER_LOCK_DIR == str(tmp_path / "precompiled_headers" / "locks")

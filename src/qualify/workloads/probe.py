@@ -122,4 +122,4 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(protocol.run_workload("probe", handler))
+    protocol.exit_now(protocol.run_workload("probe", handler))

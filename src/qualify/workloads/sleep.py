@@ -58,4 +58,4 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(protocol.run_workload("sleep", handler))
+    protocol.exit_now(protocol.run_workload("sleep", handler))

@@ -144,4 +144,4 @@ def _timed_steps(case: dict[str, Any], params: dict[str, Any], slowdown: float) 
 
 
 if __name__ == "__main__":
-    sys.exit(protocol.run_workload("synthetic", handler))
+    protocol.exit_now(protocol.run_workload("synthetic", handler))

@@ -1,8 +1,7 @@
 """`python -m qualify.workloads.infer`: see qualify.workloads.infer."""
 
-import sys
-
+from qualify.workloads.protocol import exit_now
 from qualify.workloads.infer.runner import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,8 +1,7 @@
 """`python -m qualify.workloads.train`: see qualify.workloads.train."""
 
-import sys
-
+from qualify.workloads.protocol import exit_now
 from qualify.workloads.train.runner import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -49,6 +49,28 @@ def clear_stale_build_locks(extensions_dir: str, now: float | None = None,
     return removed
 
 
+def share_precompiled_headers(inductor_cache_dir: str | None) -> str | None:
+    """Keep inductor's precompiled C++ headers in the compile cache, not in the launch's scratch TMPDIR.
+
+    torch._inductor.codecache puts them under tempfile.gettempdir() at import (`_HEADER_DIR`, "global" by
+    design), and every launch has its own TMPDIR (executors/local.py), so each compile launch rebuilt a 150 MB
+    header for about 4 s, even when every kernel came from the cache. Their file names hash the compiler and
+    its flags, so launches may share them as they share the kernels. Returns the folder used (None: left
+    alone, when torch has no such attribute or no cache folder is set).
+    """
+    if not inductor_cache_dir:
+        return None
+    from torch._inductor import codecache
+
+    if not hasattr(codecache, "_HEADER_DIR"):
+        return None
+    folder = os.path.join(inductor_cache_dir, "precompiled_headers")
+    codecache._HEADER_DIR = folder
+    if hasattr(codecache, "_HEADER_LOCK_DIR"):
+        codecache._HEADER_LOCK_DIR = os.path.join(folder, "locks")
+    return folder
+
+
 def redact(env: dict[str, Any]) -> dict[str, str]:
     """Secret-looking names and credential-shaped values as "<redacted>" (qualify.workloads.secrets)."""
     return {k: str(v) for k, v in redact_env(env).items()}

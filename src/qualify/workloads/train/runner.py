@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from qualify.workloads import duet, phases, protocol
 from qualify.workloads.settings import WorkloadSettings
-from qualify.workloads.train.env import clear_stale_build_locks, device_facts, limit_memory, recorded_env, redact
+from qualify.workloads.train.env import (clear_stale_build_locks, device_facts, limit_memory, recorded_env, redact,
+                                         share_precompiled_headers)
 from qualify.workloads.train.ranks import (RANK_RESULT_DIR, choose_launcher, free_port, gloo_env, is_launched,
                                             launch_command, merge_rank_results, rank_result_path,
                                             read_rank_results, relaunch, single_process_env)
@@ -264,6 +265,8 @@ def _build(s: _Setup, log: logging.Logger):
     # checkpointing, the same whether or not the model is compiled afterwards.
     env_bytes = saved_activation_bytes(model, fixed)
 
+    if p.compile:
+        env["precompiled_headers"] = share_precompiled_headers(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
     module = torch.compile(model) if p.compile else model
     optimizer = None
     if "optimizer" not in s.ds_cfg:
