@@ -266,7 +266,7 @@ def _build(s: _Setup, log: logging.Logger):
     env_bytes = saved_activation_bytes(model, fixed)
 
     if p.compile:
-        env["precompiled_headers"] = share_precompiled_headers(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+        env["precompiled_headers"] = share_precompiled_headers(WorkloadSettings.from_env().torchinductor_cache_dir)
     module = torch.compile(model) if p.compile else model
     optimizer = None
     if "optimizer" not in s.ds_cfg:
