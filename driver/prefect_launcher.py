@@ -11,6 +11,7 @@ from qualify.lifetime import bind_children_to_this_process
 from qualify.outcomes import RunOutcome
 from qualify.progress import listening
 from qualify.settings import Settings
+from qualify_prefect.driver.local_prefect import reusable_api_url
 
 
 def prepare_environment(settings: Settings, verbose: bool) -> None:
@@ -28,6 +29,10 @@ def prepare_environment(settings: Settings, verbose: bool) -> None:
     # The flow reads the database from the environment: a URL (with its password) is never a
     # flow parameter, which the Prefect UI would show.
     os.environ["QUALIFY_DATABASE_URL"] = settings.database_url
+    if not os.environ.get("PREFECT_API_URL"):
+        api = reusable_api_url(settings.prefect_reuse_port)
+        if api:
+            os.environ["PREFECT_API_URL"] = api
 
 
 class _StateLines(logging.Filter):

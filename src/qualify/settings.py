@@ -38,6 +38,9 @@ ENVIRONMENT = {
     # where people reach the service and Prefect's UI (links in artifacts and reports)
     "QUALIFY_PUBLIC_URL": "public_url",
     "QUALIFY_PREFECT_UI_URL": "prefect_ui_url",
+    # `qualify run` without PREFECT_API_URL: this user's Prefect server on 127.0.0.1:<port> is used when one
+    # runs (0: never; the ephemeral API starts)
+    "QUALIFY_PREFECT_REUSE_PORT": "prefect_reuse_port",
 }
 ENFORCE_MODES = ("off", "revert", "delete")
 CREDENTIAL_ENVIRONMENT = ("QUALIFY_REGISTRY_USERNAME", "QUALIFY_REGISTRY_PASSWORD", "QUALIFY_REGISTRY_HOST")
@@ -76,6 +79,9 @@ class Settings:
     # The Prefect UI's base URL (e.g. http://127.0.0.1:4200), for the report's link back to its flow run when the
     # report is rendered outside the flow (`qualify serve`, `qualify report`); the flow itself asks Prefect.
     prefect_ui_url: str | None = None
+    # Without PREFECT_API_URL, `qualify run` uses this user's Prefect server on 127.0.0.1 at this port when one
+    # answers (driver/local_prefect.py), instead of starting Prefect's ephemeral API (~9 s). 0: never.
+    prefect_reuse_port: int = 4200
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
@@ -114,6 +120,13 @@ def _coerce(name: str, value: object) -> object:
         return mode
     if name in ("public_url", "prefect_ui_url"):
         return public_base_url(name, str(value))
+    if name == "prefect_reuse_port":
+        text = str(value).strip()
+        if not text.isdigit() or int(text) > 65535:
+            from qualify.errors import BadInput
+
+            raise BadInput(f"QUALIFY_PREFECT_REUSE_PORT {value!r}: a TCP port (0 to turn the reuse off)")
+        return int(text)
     if name == "database_url":
         return check_database_url(str(value))
     if name == "webhook_registry":

@@ -31,3 +31,4 @@ def _ephemeral_prefect_when_marked(request: pytest.FixtureRequest, monkeypatch: 
     """`@pytest.mark.ephemeral_prefect`: this test is about the path without a server (Prefect's ephemeral API)."""
     if request.node.get_closest_marker("ephemeral_prefect"):
         monkeypatch.delenv("PREFECT_API_URL", raising=False)
+        monkeypatch.setenv("QUALIFY_PREFECT_REUSE_PORT", "0")  # nor a server someone runs on 4200
