@@ -131,9 +131,9 @@ def check_push(session: Session, ref: ImageRef, digest: str, *, tag_digest: str 
     out.release, out.policy_sha256 = shown.release, latest.policy_sha256
     out.standings = [s.to_dict() for s in every]
     out.reasons = [r for r in latest.reasons or [] if r.get("status") in (CheckStatus.FAIL, CheckStatus.INCOMPLETE)]
-    if out.verdict != Verdict.PASS:
-        earlier = repo.latest_pass_for_digest(session, digest)
-        out.overrides_pass_decision = earlier.id if earlier else None
+    if out.verdict != Verdict.PASS:  # the newest PASS among the decisions already read (no second query)
+        earlier = [d.id for d, _run in decisions if d.verdict == Verdict.PASS]
+        out.overrides_pass_decision = max(earlier) if earlier else None
     if policy_sha256 is not None:
         for s in scope:
             if not (s.decision.policy_sha256 or "").startswith(policy_sha256):
