@@ -67,3 +67,25 @@ def test_every_release_is_one_standing() -> None:
     rows = _decisions(*[(run, run % 3, "PASS") for run in range(1, 10)])
     assert sorted(_verdicts(rows)) == [0, 1, 2]
     assert all(len(list(g)) == 1 for _, g in itertools.groupby(by_release(rows), key=lambda s: s.release_id))
+
+
+def test_promotion_targets_are_parsed_once_per_manifest_text_and_never_shared_across_texts() -> None:
+    """push_check._target_names: keyed by the sha256 of the stored text itself, so two runs with one manifest
+    share a parse, and a run whose text differs never gets another's targets (whatever its stored sha256 says)."""
+    from types import SimpleNamespace
+
+    from qualify.gate import push_check
+
+    def manifest(target: str) -> str:
+        return (f"apiVersion: qualify/v1\nrelease: {{name: r, repository: 127.0.0.1:5000/q/r, tag: '1', candidate_tag: '1-rc1'}}\n"
+                "custom_cases: [{name: s, kind: sleep, params: {duration_s: 0}}]\n"
+                f"promotion:\n  targets:\n    - {{name: t, reference: '{target}:1'}}\n")
+
+    a = SimpleNamespace(id=1, manifest_sha256="same", manifest_text=manifest("reg.example.com/team/a"))
+    b = SimpleNamespace(id=2, manifest_sha256="same", manifest_text=manifest("reg.example.com/team/b"))
+    c = SimpleNamespace(id=3, manifest_sha256="other", manifest_text=a.manifest_text)
+    push_check._TARGETS.clear()
+    assert push_check._target_names(a) == {"reg.example.com/team/a"}
+    assert push_check._target_names(b) == {"reg.example.com/team/b"}  # the stored sha256 is not trusted
+    assert push_check._target_names(c) == {"reg.example.com/team/a"}
+    assert len(push_check._TARGETS) == 2

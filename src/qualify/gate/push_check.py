@@ -10,6 +10,7 @@ resolves it), and (4) the release name and policy hash match when the caller req
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,14 +64,15 @@ def qualified_repositories(run: Run) -> set[str]:
     return {n for n in names if n}
 
 
-# A run's stored manifest never changes (its sha256 is stored beside it): the promotion targets it names are
-# parsed once per (run, manifest) and remembered, so that a service answering many checks does not re-read it.
-_TARGETS: dict[tuple[int, str], frozenset[str | None]] = {}
+# The promotion targets depend on the stored manifest's text alone: they are parsed once per text (keyed by the
+# sha256 of the text itself, computed here, not the stored column) and remembered, so that a service answering
+# many checks does not re-read it, and runs that share a manifest share the parse.
+_TARGETS: dict[str, frozenset[str | None]] = {}
 _TARGETS_MAX = 20_000
 
 
 def _target_names(run: Run) -> frozenset[str | None]:
-    key = (run.id, run.manifest_sha256)
+    key = hashlib.sha256((run.manifest_text or "").encode()).hexdigest()
     found = _TARGETS.get(key)
     if found is not None:
         return found
