@@ -160,8 +160,7 @@ def schedule(demands: Iterable[CaseDemand], shape: ClusterShape) -> Plan:
             refused.append((demand.case_id, problem))
         else:
             placeable.append(demand)
-    # Longest first; among equals the bigger gang first (it is the harder one to fit later).
-    queue = sorted(placeable, key=lambda d: (-d.duration_s, -d.nodes * d.gpus_per_node, d.case_id))
+    queue = sorted(placeable, key=queue_key)
     order = {d.case_id: k for k, d in enumerate(queue)}
     free = [_Node(shape.gpus_per_node, shape.cpus_per_node) for _ in range(shape.nodes)]
     running: list[_Running] = []
@@ -196,7 +195,15 @@ def schedule(demands: Iterable[CaseDemand], shape: ClusterShape) -> Plan:
                 makespan_s=makespan, lower_bound_s=lower_bound(placeable, shape))
 
 
+def queue_key(demand: CaseDemand) -> tuple[float, float, float, str]:
+    """Longest first; among equals the bigger gang first (GPUs, then CPUs: it is the harder one to fit later),
+    then by case id."""
+    return (-demand.duration_s, -demand.nodes * demand.gpus_per_node, -demand.nodes * demand.cpus_per_node,
+            demand.case_id)
+
+
 def submission_order(cases: Sequence[Case], history_s: Mapping[str, float] | None = None) -> list[Case]:
-    """The cases longest first (by history, else the estimate): the order the flow submits them in, so that a
-    long case never starts last behind short ones."""
-    return sorted(cases, key=lambda c: -demand_of(c, history_s).duration_s)
+    """The order the flow hands the cases to Ray: the plan's own (queue_key: longest first by history, else the
+    estimate; among equals the bigger gang), so that a long case never starts last behind short ones and the run
+    follows the schedule `qualify plan` printed."""
+    return sorted(cases, key=lambda c: queue_key(demand_of(c, history_s)))

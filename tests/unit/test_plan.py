@@ -84,3 +84,19 @@ def test_history_beats_the_estimate() -> None:
     assert demand_of(case, {case.case_id: 42.0}).duration_s == 42.0
     assert demand_of(case, {case.case_id: 42.0}).source == "history"
     assert demand_of(case).source == "estimate"
+
+
+def test_the_flow_submits_in_the_plans_own_order_bigger_gangs_first_among_equals() -> None:
+    """attempts.pending_cases hands cases to Ray in plan.submission_order; it must be the order schedule() planned
+    (the 2-node cases of 25.05 were planned before the 1-GPU ones of the same estimate, and submitted after them)."""
+    from qualify.manifest.cases import expand
+    from qualify.manifest.load import load_manifest
+    from qualify.plan import ClusterShape, demand_of, schedule, submission_order
+
+    cases = expand(load_manifest(REPO / "releases" / "training-xpu-pytorch-25.05.yaml").release)
+    plan = schedule([demand_of(c) for c in cases], ClusterShape(4, 8, 64))
+    planned = [p.demand.case_id for p in sorted(plan.cases, key=lambda p: p.order)]
+    assert [c.case_id for c in submission_order(cases)] == planned
+    deepseek = [planned.index(c) for c in planned if c.startswith("infer/deepseek-r1/")]
+    small = [planned.index(c) for c in planned if c.startswith("infer/qwen3-8b/")]
+    assert max(deepseek) < min(small)

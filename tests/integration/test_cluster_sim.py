@@ -1,0 +1,38 @@
+"""The 25.05 release's matrix on a simulated cluster of 4 nodes x 8 GPUs (benchmarks/cluster_sim.py): real Ray
+nodes on loopback that declare GPUs, each case a sleep of its planned duration, handed to Ray as the flow hands
+them. The GPUs are declared, not present: what is tested is the scheduling, which needs no device."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from support.paths import REPO
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def test_the_release_matrix_runs_on_a_simulated_4x8_gpu_cluster_close_to_its_lower_bound(tmp_path: Path) -> None:
+    import cluster_sim
+
+    scale = 0.003  # 1,830 planned seconds -> 5.5 s of sleep
+    sim = cluster_sim.simulate(REPO / "releases" / "training-xpu-pytorch-25.05.yaml", 4, 8, 64, scale, tmp_path)
+    print(sim.line())
+    assert len(sim.cases) == 24
+    nodes_used = {n for c in sim.cases for n in c.nodes}
+    assert len(nodes_used) == 4  # every node got work
+    for case in sim.cases:
+        if case.case_id.startswith("infer/deepseek-r1/"):  # 2-node gangs: two distinct nodes, together
+            assert len(set(case.nodes)) == 2
+    # GPUs are never oversubscribed: at any start, the 8-GPU cases running on one node are at most one.
+    eight = [c for c in sim.cases if not c.case_id.startswith("infer/qwen3-8b/")]
+    for case in eight:
+        overlapping = [o for o in eight if o is not case and set(o.nodes) & set(case.nodes)
+                       and o.start_s < case.end_s - 1e-6 and case.start_s < o.end_s - 1e-6]
+        assert not overlapping, (case, overlapping)
+    # Per-case start-up (a Ray worker, a process) is a large share of a 2-7 s sleep here: the benchmark, at a
+    # larger scale, measures the ratio the issue asks (<= 1.15); this bounds a scheduling mistake (serialised
+    # cases, a gang waiting behind small ones: 1.5 and more).
+    assert sim.ratio < 1.4, sim.line()
