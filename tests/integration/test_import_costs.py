@@ -39,12 +39,14 @@ def test_validating_a_manifest_imports_no_torch() -> None:
 def test_gate_check_imports_only_what_a_check_needs(tmp_path: Path) -> None:
     """`qualify gate check` is what a CI job asks after every build (issue 27): the console script builds only the
     command it runs, so a check never loads the run launcher, Prefect, Ray, the service, the report renderer, the
-    gate's statistics (scipy) or, for a digest nobody judged, the manifest model and alembic."""
+    gate's statistics (scipy), the registry client (a digest is not resolved) or, for a digest nobody judged, the
+    manifest model and alembic."""
     db = f"sqlite:///{tmp_path / 'q.db'}"
     assert subprocess.run([sys.executable, "-m", "qualify", "db", "upgrade", "--db", db], capture_output=True,
                           timeout=300, cwd=REPO).returncode == 0
     heavy = ["scipy", "prefect", "ray", "fastapi", "matplotlib", "qualify.launcher", "qualify.gate.checks",
-             "qualify.report.html", "qualify.manifest.model", "alembic", "qualify.pipeline"]
+             "qualify.report.html", "qualify.manifest.model", "alembic", "qualify.pipeline",
+             "qualify.registry.client"]  # a digest needs no registry call
     code = ("import sys, runpy\n"
             f"sys.argv = ['qualify', 'gate', 'check', '127.0.0.1:5000/q/never@sha256:' + 'a' * 64, '--db', {db!r}]\n"
             "try:\n    runpy.run_module('qualify', run_name='__main__')\nexcept SystemExit as exc:\n    code = exc.code\n"

@@ -22,7 +22,6 @@ from qualify.report.verdict_text import reason_lines
 from qualify.gate.judged import judged_note
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, parse_reference
-from qualify.registry import RegistryClient, RegistryError
 from qualify.store import repo
 
 gate_app = new_app(help="Judge runs against their gate policy; check digests.")
@@ -110,6 +109,8 @@ def gate_show(run_id: int = typer.Argument(..., metavar="RUN"), db: Optional[str
 
 
 def _resolve_tag(ref: ImageRef, insecure: list[str]) -> str:
+    from qualify.registry import RegistryClient, RegistryError  # only a tag is resolved: a digest check needs no HTTP
+
     try:
         with RegistryClient(insecure) as client:
             return client.resolve(ref.with_tag(ref.tag or "latest"))
