@@ -30,7 +30,7 @@ from qualify.execution import attempts, spool
 from qualify.progress import process_listeners
 from qualify.manifest.cases import Case
 from qualify.outcomes import CaseOutcome, PromotionSummary, RunOutcome, RunStatus
-from qualify.execution.ray import start_ray
+from qualify.execution.ray import cluster_nodes, start_ray
 from qualify.report.links import flow_run_url, report_url
 from qualify.settings import Settings
 from qualify.store import same_database as database_identity
@@ -172,6 +172,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         logger.info("candidate %s (%s)", build.digest, build.builder)
         with ctx.timed_stage("ray"):
             ray_handle = start_ray(ctx.ray_address)
+            ctx.record_cluster(cluster_nodes())
         with ctx.timed_stage("verify"):
             checks = verify_components_task(ctx)
         logger.info("components: %d/%d as expected", sum(c["ok"] for c in checks), len(checks))

@@ -97,13 +97,23 @@ class RunContext:
         with self.run_row() as (_session, run):
             return dict(run.stage_seconds or {})
 
+    def record_cluster(self, nodes: list[dict[str, float]]) -> None:
+        """The alive Ray nodes' CPUs and GPUs at the start of the cases (the report's makespan bound)."""
+        with self.run_row() as (_session, run):
+            run.cluster = {"nodes": nodes}
+
     def launch_time_line(self) -> str:
-        """Where the cases' launch seconds went and the measurement efficiency (report/efficiency.py)."""
+        """Where the cases' launch seconds went and the measurement efficiency (report/efficiency.py), and the
+        achieved makespan against its lower bound (report/makespan.py)."""
         from qualify.report.efficiency import launch_time
+        from qualify.report.makespan import makespan_view
 
         with self.run_row() as (session, run):
             results = repo.case_results(session, run.id)
-            return launch_time((r.environment for r in results), run.stage_seconds or {}).line()
+            line = launch_time((r.environment for r in results), run.stage_seconds or {}).line()
+            schedule = makespan_view(self.cases, {r.case_id: r.exec_s for r in results}, run.cluster,
+                                     run.stage_seconds or {})
+        return line + (f"\n{schedule.line()}" if schedule else "")
 
     def bind_flow_run(self, flow_run_id: str | None) -> None:
         """Remember the orchestrator's id for this run (the Prefect UI links to it)."""

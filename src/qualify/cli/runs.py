@@ -63,6 +63,8 @@ def _print_run(d: dict[str, Any], verbose: bool = False) -> None:
         out.print("stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in d["stage_seconds"].items()))
     if d.get("launch_time"):
         out.print(d["launch_time"]["line"], markup=False)
+    if d.get("schedule"):
+        out.print(d["schedule"]["line"], markup=False)
     if d["components"]:
         t = Table(title="components")
         for col in ("name", "rule", "expected", "actual", "ok"):

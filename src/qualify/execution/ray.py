@@ -102,6 +102,12 @@ def bind_local_cluster_to_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def cluster_nodes() -> list[dict[str, float]]:
+    """Each alive node's CPUs and GPUs (what a schedule's lower bound divides by)."""
+    return [{"CPU": float(n.get("Resources", {}).get("CPU", 0.0)), "GPU": float(n.get("Resources", {}).get("GPU", 0.0))}
+            for n in ray.nodes() if n.get("Alive")]
+
+
 def ray_options(resources: Resources) -> dict[str, Any]:
     """Ray scheduling options for a case: one node's share (a multi-node case reserves one per node)."""
     return node_share(resources).ray_options()

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from qualify.numbers import fmt_number
 from qualify.report.efficiency import launch_time
+from qualify.report.makespan import makespan_view
 from qualify.store import repo
 from qualify.store.models import CaseResult, Run
 from qualify.timestamps import iso
@@ -41,26 +42,32 @@ def run_summary(session: Session, run: Run) -> dict[str, Any]:
     }
 
 
-def manifest_order(run: Run) -> dict[str, int]:
-    """Case id -> position in the run's manifest, so reports list cases as the matrix does."""
+def manifest_cases(run: Run) -> list[Any]:
+    """The run's cases as its stored manifest expands them (empty when it cannot be read back)."""
     from qualify.manifest.cases import expand
     from qualify.manifest.load import ManifestError
 
     try:
-        release = repo.run_manifest(run).release
+        return expand(repo.run_manifest(run).release)
     except ManifestError:
-        return {}
-    return {case.case_id: k for k, case in enumerate(expand(release))}
+        return []
+
+
+def manifest_order(run: Run) -> dict[str, int]:
+    """Case id -> position in the run's manifest, so reports list cases as the matrix does."""
+    return {case.case_id: k for k, case in enumerate(manifest_cases(run))}
 
 
 def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
     run = repo.get_run(session, run_id)
     if run is None:
         return None
-    order = manifest_order(run)
+    cases = manifest_cases(run)
+    order = {case.case_id: k for k, case in enumerate(cases)}
     detail = run_summary(session, run)
     results = repo.case_results(session, run.id)
     spent = launch_time((r.environment for r in results), run.stage_seconds or {})
+    schedule = makespan_view(cases, {r.case_id: r.exec_s for r in results}, run.cluster, run.stage_seconds or {})
     detail.update({
         "repository": run.release.repository,
         "tag": run.release.tag,
@@ -73,6 +80,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         "flow_run_id": run.flow_run_id,
         "stage_seconds": run.stage_seconds or {},
         "launch_time": {**spent.as_dict(), "line": spent.line()},
+        "schedule": schedule.as_dict() if schedule else None,
         "components": [
             {"name": c.name, "rule": c.rule, "expected": c.expected, "actual": c.actual, "ok": c.ok,
              "optional": c.optional, "detail": c.detail}
@@ -165,6 +173,8 @@ def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
         lines += ["stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in detail["stage_seconds"].items()), ""]
     if detail.get("launch_time"):
         lines += [detail["launch_time"]["line"], ""]
+    if detail.get("schedule"):
+        lines += [detail["schedule"]["line"], ""]
     if groups.get("PASS"):
         lines += [f"## Passed checks ({len(groups['PASS'])})", ""] + table(groups["PASS"])
     return "\n".join(lines).rstrip() + "\n"

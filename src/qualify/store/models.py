@@ -100,6 +100,8 @@ class Run(Base):
     manifest_text: Mapped[str] = mapped_column(Text)
     flow_run_id: Mapped[str | None] = mapped_column(String(64))
     stage_seconds: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The Ray cluster the cases ran on: {"nodes": [{"CPU": 2.0, "GPU": 0.0}, ...]} (None before 0006, or no Ray).
+    cluster: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text)
 
     release: Mapped[Release] = relationship()
