@@ -207,13 +207,13 @@ def test_compare_components() -> None:
 
 
 def _locked_ctx(tmp_path: Path) -> pipeline.RunContext:
-    """A run whose database gives up on a lock after 0.5 s (the default waits 30 s)."""
+    """A run whose database gives up on a lock after 0.2 s (the default waits 30 s)."""
     from qualify.store.engine import make_engine, session_factory
 
     url = f"sqlite:///{tmp_path / 'q.db'}"
     open_database(url)
     manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep", "count": 1}], retries=0)
-    context = pipeline.open_run(session_factory(make_engine(url, busy_timeout_s=0.5)), manifest)
+    context = pipeline.open_run(session_factory(make_engine(url, busy_timeout_s=0.2)), manifest)
     context.executor = LocalExecutor()
     context.data_dir = tmp_path / "data"
     return context
@@ -241,7 +241,7 @@ def _hold_write_lock(path: Path, seconds: float):  # type: ignore[no-untyped-def
 
 def test_a_result_survives_a_database_locked_across_the_case_finish(tmp_path: Path) -> None:
     ctx = _locked_ctx(tmp_path)
-    holder = _hold_write_lock(tmp_path / "q.db", 3.0)  # longer than the busy timeout: the first writes fail
+    holder = _hold_write_lock(tmp_path / "q.db", 1.0)  # longer than the busy timeout: the first write fails
     logs: list[str] = []
     outcome = _run(ctx, FakeRunner(), logs)
     holder.join()
@@ -255,7 +255,7 @@ def test_a_result_the_database_refused_is_recorded_on_resume(tmp_path: Path) -> 
 
     ctx = _locked_ctx(tmp_path)
     ctx.db_write_attempts = 1
-    holder = _hold_write_lock(tmp_path / "q.db", 2.0)
+    holder = _hold_write_lock(tmp_path / "q.db", 0.8)
     with pytest.raises(InfraError, match="--resume"):
         _run(ctx, FakeRunner(), [])
     holder.join()
