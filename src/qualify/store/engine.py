@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
@@ -87,12 +89,36 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     return cfg
 
 
+@contextlib.contextmanager
+def _sqlite_migration_lock(url: str) -> Iterator[None]:
+    """One migration at a time on a SQLite file: two runs (a worker's deployment runs, CI jobs) that open a fresh
+    database together would both read "no revision" and both create the tables ("table ... already exists").
+    A lock file beside the database serialises them; the second then finds the schema at head. (PostgreSQL
+    takes an advisory lock in the migration's own transaction: migrations/env.py.)"""
+    parsed = make_url(url)
+    path = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not path or path == ":memory:" or path.startswith("file:"):
+        yield
+        return
+    import fcntl
+
+    lock_path = Path(path).expanduser().with_name(Path(path).name + ".migrate-lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     from alembic import command
 
     check_url(url)
     try:
-        command.upgrade(alembic_config(url), revision)
+        with _sqlite_migration_lock(url):
+            command.upgrade(alembic_config(url), revision)
     except Exception as exc:  # noqa: BLE001 - reported with the (redacted) URL
         raise DatabaseError(f"cannot migrate {redact_url(url)}: {type(exc).__name__}: {_first_line(exc)}") from exc
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import text
 
 from qualify.settings import Settings
 from qualify.store.engine import make_engine
 from qualify.store.models import Base
 
+MIGRATION_LOCK_KEY = 0x7175616C  # "qual": the advisory lock of qualify's migrations on PostgreSQL
 config = context.config
 target_metadata = Base.metadata
 
@@ -29,6 +31,10 @@ def run_migrations_online() -> None:
         context.configure(connection=connection, target_metadata=target_metadata,
                           render_as_batch=connection.dialect.name == "sqlite")
         with context.begin_transaction():
+            if connection.dialect.name == "postgresql":
+                # One migration at a time (two runs opening a fresh database together would both create the
+                # tables): the second waits here, then reads the revision the first committed.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             context.run_migrations()
     engine.dispose()
 
