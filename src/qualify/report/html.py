@@ -189,7 +189,7 @@ def _run_facts(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
     if view.get("launch_time"):
         rows.append(["launch time", esc(view["launch_time"]["line"])])
     if view.get("schedule"):
-        rows.append(["schedule", esc(view["schedule"]["line"])])
+        rows.append(["schedule", esc(view["schedule"]["line"].removeprefix("schedule: "))])
     return ("<section id='run'><h2>Run</h2><table>"
             + "".join(f"<tr><th>{esc(name)}</th><td>{value}</td></tr>" for name, value in rows) + "</table></section>")
 
