@@ -105,15 +105,11 @@ class RunContext:
     def launch_time_line(self) -> str:
         """Where the cases' launch seconds went and the measurement efficiency (report/efficiency.py), and the
         achieved makespan against its lower bound (report/makespan.py)."""
-        from qualify.report.efficiency import launch_time
-        from qualify.report.makespan import makespan_view
+        from qualify.report.makespan import run_time
 
         with self.run_row() as (session, run):
-            results = repo.case_results(session, run.id)
-            line = launch_time((r.environment for r in results), run.stage_seconds or {}).line()
-            schedule = makespan_view(self.cases, {r.case_id: r.exec_s for r in results}, run.cluster,
-                                     run.stage_seconds or {})
-        return line + (f"\n{schedule.line()}" if schedule else "")
+            spent, schedule = run_time(run, repo.case_results(session, run.id), self.cases)
+        return spent.line() + (f"\n{schedule.line()}" if schedule else "")
 
     def bind_flow_run(self, flow_run_id: str | None) -> None:
         """Remember the orchestrator's id for this run (the Prefect UI links to it)."""

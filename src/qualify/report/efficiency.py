@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from qualify.numbers import finite
+from qualify.workloads.phases import MEASURE
 
-MEASURE = "measure"  # the name workloads/phases.py gives the timed phase (the workload package is not imported here)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from qualify.numbers import finite
+from qualify.report.efficiency import LaunchTime, launch_time
 
 
 @dataclass(frozen=True)
@@ -39,23 +40,27 @@ class MakespanView:
                 "nodes": self.nodes, "cpus": self.cpus, "gpus": self.gpus, "cases": self.cases, "line": self.line()}
 
 
+def run_time(run: Any, results: Sequence[Any], cases: Sequence[Any]) -> tuple[LaunchTime, MakespanView | None]:
+    """The run's launch seconds and efficiency, and its schedule line, from its stored results (the one place
+    `qualify run`'s outcome and the run views compute them)."""
+    stages = run.stage_seconds or {}
+    return (launch_time((r.environment for r in results), stages),
+            makespan_view(cases, {r.case_id: r.exec_s for r in results}, run.cluster, stages))
+
+
 def makespan_view(cases: Sequence[Any], exec_s: Mapping[str, Any], cluster: Mapping[str, Any] | None,
                   stage_seconds: Mapping[str, Any]) -> MakespanView | None:
     """`cases`: the run's manifest cases (qualify.manifest.cases.Case); `exec_s`: case id -> measured seconds;
     `cluster`: the run's recorded nodes. None when the run recorded no cluster, no cases stage or no case time."""
-    from qualify.plan import CaseDemand, ClusterShape, lower_bound
+    from qualify.plan import ClusterShape, demand_of, lower_bound
 
     achieved = finite((stage_seconds or {}).get("cases"))
     nodes = [n for n in ((cluster or {}).get("nodes") or []) if isinstance(n, Mapping)]
     if achieved is None or not nodes:
         return None
-    demands = []
-    for case in cases:
-        seconds = finite(exec_s.get(case.case_id))
-        if seconds is None:
-            continue
-        n = max(1, case.resources.nodes)
-        demands.append(CaseDemand(case.case_id, seconds, "history", n, case.resources.gpus / n, case.resources.cpus / n))
+    measured = {case_id: s for case_id, s in ((k, finite(v)) for k, v in exec_s.items()) if s is not None}
+    # The plan's own demand, with the measured seconds as its history.
+    demands = [demand_of(case, measured) for case in cases if case.case_id in measured]
     if not demands:
         return None
     cpus = sum(finite(node.get("CPU")) or 0.0 for node in nodes)

@@ -7,8 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from qualify.numbers import fmt_number
-from qualify.report.efficiency import launch_time
-from qualify.report.makespan import makespan_view
+from qualify.report.makespan import run_time
 from qualify.store import repo
 from qualify.store.models import CaseResult, Run
 from qualify.timestamps import iso
@@ -66,8 +65,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
     order = {case.case_id: k for k, case in enumerate(cases)}
     detail = run_summary(session, run)
     results = repo.case_results(session, run.id)
-    spent = launch_time((r.environment for r in results), run.stage_seconds or {})
-    schedule = makespan_view(cases, {r.case_id: r.exec_s for r in results}, run.cluster, run.stage_seconds or {})
+    spent, schedule = run_time(run, results, cases)
     detail.update({
         "repository": run.release.repository,
         "tag": run.release.tag,
