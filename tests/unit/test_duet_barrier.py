@@ -77,6 +77,51 @@ def test_sides_at_different_steps_are_an_error(tmp_path: Path) -> None:
     barrier.close()
 
 
+def _wait_for_late_peer(tmp_path: Path, filler) -> tuple[float, float, dict]:  # type: ignore[no-untyped-def]
+    """Side 0 waits at step 0 for a peer that arrives 0.4 s late: (wall s, this thread's CPU s, report)."""
+    tmp_path.mkdir()
+    duet.make_barrier_dir(str(tmp_path))
+    barrier = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 0, (), timeout_s=30))
+    peer = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 1, (), timeout_s=30))
+    late = threading.Timer(0.4, peer.wait)
+    late.start()
+    wall, cpu = time.perf_counter(), time.thread_time()
+    barrier.wait(filler)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    barrier.done()
+    late.join()
+    report = barrier.report()
+    barrier.close()
+    peer.close()
+    return wall, cpu, report
+
+
+def test_a_side_that_waits_for_its_peer_keeps_its_core_busy(tmp_path: Path) -> None:
+    # Busy: the filler runs while the peer is late, so the peer's step never runs beside an idle core.
+    wall, cpu, report = _wait_for_late_peer(tmp_path / "busy", lambda: synthetic._work(synthetic.FILLER_ITERATIONS))
+    assert wall >= 0.35 and cpu > 0.5 * wall, (wall, cpu)
+    assert report["busy_wait"] and report["filler_units"] > 10
+    # Without a filler (a GPU side) the wait sleeps in select.
+    wall, cpu, report = _wait_for_late_peer(tmp_path / "idle", None)
+    assert wall >= 0.35 and cpu < 0.2 * wall, (wall, cpu)
+    assert not report["busy_wait"] and report["filler_units"] == 0
+
+
+def test_each_timed_step_records_how_long_it_waited_for_a_cpu(tmp_path: Path) -> None:
+    if duet.runq_wait_s() is None:
+        pytest.skip("this kernel has no /proc/thread-self/schedstat")
+    out: dict = {}
+    threads = [threading.Thread(target=_side, args=(tmp_path, s, 5, out)) for s in duet.SIDES]
+    duet.make_barrier_dir(str(tmp_path))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for side in duet.SIDES:
+        waits = out[side]["runq_wait_s"]
+        assert waits is not None and len(waits) == 5 and all(w >= 0 for w in waits)
+
+
 @pytest.mark.parametrize("section, problem", [
     ("x", "expected an object"), ({"dir": "/d", "side": 2, "cpus": []}, "duet.side"),
     ({"dir": "/d", "side": 0, "cpus": [-1]}, "duet.cpus"), ({"side": 0, "cpus": [0]}, "duet.dir"),

@@ -52,8 +52,11 @@ class Sides:
     """Two fake workloads that meet like the real ones: each records its cpu set, GPUs and when it started."""
 
     def __init__(self, cand_step: float = 0.011, base_step: float = 0.010, side_bias: float = 0.0,
-                 fail_base_at: int | None = None, steps: int = 8, pair_sd: float = 0.0) -> None:
+                 fail_base_at: int | None = None, steps: int = 8, pair_sd: float = 0.0,
+                 neighbour_on_side: dict[int, int] | None = None) -> None:
         self.cand_step, self.base_step, self.side_bias = cand_step, base_step, side_bias
+        # {pair: side}: a neighbour process shares that side's core in that pair (half of each step waits)
+        self.neighbour_on_side = neighbour_on_side or {}
         self.fail_base_at, self.steps, self.pair_sd = fail_base_at, steps, pair_sd
         self.calls: list[dict[str, Any]] = []
         self.lock = threading.Lock()
@@ -71,10 +74,15 @@ class Sides:
             rng = random.Random(f"{who}{doc['launch']['index']}")
             step *= rng.lognormvariate(0, self.pair_sd)  # a process-level effect of this launch
             times = [step * rng.lognormvariate(0, 0.002) for _ in range(self.steps)]
+            runq = [0.0002 * t for t in times]  # background daemons: well under the clean share
+            if self.neighbour_on_side.get(doc["launch"]["index"]) == section["side"]:
+                runq = [t for t in times]  # waited as long again for a CPU
+                times = [2 * t for t in times]
             time.sleep(0.02)
             return {"status": "passed", "metrics": {"tokens_per_s": 1 / statistics_median(times)},
                     "samples": {"step_time_s": times}, "environment": {"python": "3.11", "duet": {
-                        "side": section["side"], "step_starts": [1000.0 + k for k in range(self.steps)]}},
+                        "side": section["side"], "step_starts": [1000.0 + k for k in range(self.steps)],
+                        "runq_wait_s": runq, "busy_wait": True}},
                     "duration_s": 0.1}, 0.1
         return run
 
@@ -139,6 +147,58 @@ def test_an_undecided_duet_runs_more_pairs_up_to_its_budget() -> None:
     merged = duet.run_duet(CASE, CASE, PLAN, decided.launch("cand"), decided.launch("base"), label="prev",
                            timeout_s=60, policy=policy)
     assert len(merged["environment"]["duet"]["pairs"]) == 4
+
+
+def test_a_pair_with_a_neighbour_on_a_sides_core_is_left_out_and_replaced() -> None:
+    # A neighbour process shares the baseline's core in pair 1 (its steps wait for a CPU half the time): that pair
+    # would say the candidate is much faster. It is left out, with the reason, and the looks run more pairs.
+    sides = Sides(cand_step=0.011, neighbour_on_side={1: 0})  # pair 1: candidate on side 1, baseline on side 0
+    policy = duet.DuetPolicy(max_regression=0.05, alpha=0.05, max_pairs=8)
+    merged = duet.run_duet(CASE, CASE, PLAN, sides.launch("cand"), sides.launch("base"), label="prev",
+                           timeout_s=60, policy=policy)
+    record = merged["environment"]["duet"]
+    left_out = [p for p in record["pairs"] if p["problem"]]
+    assert [p["index"] for p in left_out] == [1]
+    assert left_out[0]["disturbed_steps"] == 8 and "neighbour" in left_out[0]["problem"]
+    assert len(record["pairs"]) >= 6  # three usable pairs after four: the look was undecided, two more ran
+    blocks = duet.blocks_from_samples(merged["samples"])
+    assert len(blocks) == len(record["pairs"]) - 1
+    assert all(math.exp(b.summary) == pytest.approx(1.1, rel=0.02) for b in blocks)  # only clean pairs
+    assert record["busy"] is None
+
+
+def test_a_node_busy_on_most_pairs_stops_the_duet_and_says_so() -> None:
+    # A neighbour on a side's core in every pair: no pair is usable; after the planned four the runner stops
+    # rather than spend its whole budget on pairs that would be left out too.
+    sides = Sides(cand_step=0.010, neighbour_on_side={i: i % 2 for i in range(8)})
+    policy = duet.DuetPolicy(max_regression=0.05, alpha=0.05, max_pairs=8)
+    merged = duet.run_duet(CASE, CASE, PLAN, sides.launch("cand"), sides.launch("base"), label="prev",
+                           timeout_s=60, policy=policy)
+    record = merged["environment"]["duet"]
+    assert len(record["pairs"]) == 4 and "too busy" in record["busy"]
+    assert duet.blocks_from_samples(merged["samples"]) == []
+
+
+def test_disturbed_steps_are_left_out_of_a_pairs_ratios() -> None:
+    def side(times: list[float], runq: list[float] | None) -> dict[str, Any]:
+        env = {"duet": {"runq_wait_s": runq}} if runq is not None else {}
+        return {"samples": {"step_time_s": times}, "environment": env}
+
+    cand = side([1.1, 2.2, 1.1, 1.1], [0.0, 1.1, 0.0, 0.01])
+    base = side([1.0, 1.0, 1.0, 2.0], [0.0, 0.0, 0.0, 1.0])
+    got = duet.pair_log_ratios(cand, base)
+    assert got.steps == 4 and got.disturbed == 2 and got.problem is None
+    assert got.ratios == pytest.approx([math.log(1.1)] * 2)
+    # The boundary is the clean share of the step, on each side (a mutated threshold or side fails here).
+    edge = duet.CLEAN_RUNQ_SHARE
+    assert len(duet.pair_log_ratios(side([1.0], [edge * 0.99]), side([1.0], [0.0])).ratios) == 1
+    assert duet.pair_log_ratios(side([1.0], [edge * 1.01]), side([1.0], [0.0])).disturbed == 1
+    assert duet.pair_log_ratios(side([1.0], [0.0]), side([1.0], [edge * 1.01])).disturbed == 1
+    # Mostly disturbed: the whole pair is left out, and says why.
+    bad = duet.pair_log_ratios(side([1.0] * 4, [0.5] * 3 + [0.0]), side([1.0] * 4, [0.0] * 4))
+    assert bad.ratios == [] and "3 of 4 steps had a neighbour" in (bad.problem or "")
+    # An image whose workload does not measure the wait: every step counts, as before.
+    assert len(duet.pair_log_ratios(side([1.1] * 3, None), side([1.0] * 3, None)).ratios) == 3
 
 
 def test_a_node_that_cannot_hold_both_sides_is_measured_paired_with_the_reason() -> None:
@@ -209,6 +269,23 @@ def test_the_gate_judges_a_duet_case() -> None:
                                        "duet": {"mode": "paired", "reason": "no node can hold both sides"}})
     [paired] = judge(fallback)
     assert paired.status == "FAIL" and "no node can hold both sides" in paired.message
+
+
+def test_a_duet_whose_pairs_were_all_disturbed_is_incomplete_not_judged_as_paired() -> None:
+    rel = make_release(gate_extra=DUET)
+    case = next(c for c in expand(rel) if c.case_id == "train/tiny/base")
+    problem = "8 of 8 steps had a neighbour on a side's core: the pair is left out"
+    result = ResultData(case_id=case.case_id, kind="train", status="passed", metrics={"tokens_per_s": 90.0},
+                        samples={"per_launch.tokens_per_s": [90.0] * 4,
+                                 "paired_baseline.per_launch.tokens_per_s": [90.0] * 4},
+                        environment={"paired": {"baseline": "prev", "order": [], "reason": None},
+                                     "duet": {"mode": "duet", "baseline": "prev", "reason": None,
+                                              "pairs_planned": 4, "pairs_budget": 8,
+                                              "pairs": [{"index": i, "problem": problem} for i in range(8)]}})
+    [reason] = [r for r in check_regression(rel.gate, [case], {case.case_id: result}, None, "")
+                if r.check == "regression"]
+    assert reason.status == "INCOMPLETE" and "none of the 8 launch pairs is usable" in reason.message
+    assert "neighbour" in reason.message
 
 
 def test_the_gate_judges_a_duet_at_its_last_looks_share_of_alpha() -> None:

@@ -16,7 +16,8 @@ sets, GPUs, how closely the steps started together, the reason when the case fel
 
 Sampling until decided: the planned pairs (the case's launches, rounded up to an even number and at least 4,
 so that each side assignment has two) are run; while the gate's rule on the interval (gate/duet_stats) is
-undecided, two more pairs are run, up to `DuetPolicy.max_pairs`.
+undecided, two more pairs are run, up to `DuetPolicy.max_pairs`. A pair measured with a neighbour on a side's
+core (pair_log_ratios) is left out of the interval and made up for by two more pairs, within the same budget.
 
 Where duet cannot run, the case is measured paired (A B A B) and the result says why: the cluster has no node
 with both sides' resources (decided on the driver, pipeline), the node's cores cannot be split into two sets
@@ -163,19 +164,65 @@ def run_pair(index: int, count: int, case_doc: Mapping[str, Any], baseline_doc: 
     return run
 
 
-def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[list[float], str | None]:
-    """Per-step log(candidate time / baseline time) of one launch pair, step k with step k; the steps a side
-    ran alone (its peer gone) are left out. (ratios, problem)."""
+# A step is clean when neither side's thread waited on a run queue for more than this share of the step: no
+# other process held its core for long. Background daemons cost a side well under 1% here; a neighbour that
+# shares a side's core (a CPU burner, a second job) costs it a third to a half of every step.
+CLEAN_RUNQ_SHARE = 0.05
+# A pair with fewer clean steps than this share is left out of the interval (the runner's looks then run more
+# pairs): its ratio would say where the neighbour sat, not what the candidate costs.
+MIN_CLEAN_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class PairRatios:
+    """One launch pair's per-step log ratios (clean steps only) and what was left out."""
+
+    ratios: list[float]
+    steps: int  # steps both sides ran together
+    disturbed: int  # of those, steps with a neighbour on a side's core
+    problem: str | None
+
+
+def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRatios:
+    """Per-step log(candidate time / baseline time) of one launch pair, step k with step k: the steps a side
+    ran alone (its peer gone) and the disturbed steps (a side waited on a run queue for more than
+    CLEAN_RUNQ_SHARE of it) are left out; the whole pair is, when fewer than MIN_CLEAN_SHARE of its steps are
+    clean. Leaving steps out by the run-queue wait cannot hide a regression: a candidate whose own threads
+    keep its step waiting for a CPU has no clean steps, and its case is never PASS (INCOMPLETE, with why)."""
     c = [float(x) for x in (cand.get("samples") or {}).get(STEP_SERIES) or []]
     b = [float(x) for x in (base.get("samples") or {}).get(STEP_SERIES) or []]
     if not c or not b:
-        return [], f"a side reported no {STEP_SERIES}"
+        return PairRatios([], 0, 0, f"a side reported no {STEP_SERIES}")
     if len(c) != len(b):
-        return [], f"the sides ran {len(c)} and {len(b)} timed steps"
+        return PairRatios([], 0, 0, f"the sides ran {len(c)} and {len(b)} timed steps")
     alone = [_side_report(d).get("alone_from_step") for d in (cand, base)]
     stop = min([a for a in alone if isinstance(a, int)], default=len(c))
-    ratios = [math.log(x / y) for x, y in zip(c[:stop], b[:stop]) if x > 0 and y > 0]
-    return ratios, (None if ratios else "no timed step ran with both sides together")
+    runq_c, runq_b = _runq(cand, len(c)), _runq(base, len(b))
+    clean, disturbed = [], 0
+    for k in range(stop):
+        if c[k] <= 0 or b[k] <= 0:
+            continue
+        if runq_c[k] > CLEAN_RUNQ_SHARE * c[k] or runq_b[k] > CLEAN_RUNQ_SHARE * b[k]:
+            disturbed += 1
+            continue
+        clean.append(math.log(c[k] / b[k]))
+    steps = len(clean) + disturbed
+    if not steps:
+        return PairRatios([], 0, 0, "no timed step ran with both sides together")
+    if len(clean) < MIN_CLEAN_SHARE * steps:
+        return PairRatios([], steps, disturbed,
+                          f"{disturbed} of {steps} steps had a neighbour on a side's core (a side waited for a CPU "
+                          f"more than {CLEAN_RUNQ_SHARE:.0%} of the step): the pair is left out")
+    return PairRatios(clean, steps, disturbed, None)
+
+
+def _runq(doc: Mapping[str, Any], steps: int) -> list[float]:
+    """A side's run-queue wait per timed step; zeros where its workload did not say (not Linux, an older image):
+    then every step counts as clean, as before the wait was measured."""
+    raw = _side_report(doc).get("runq_wait_s")
+    if isinstance(raw, list) and len(raw) == steps and all(isinstance(x, (int, float)) for x in raw):
+        return [float(x) for x in raw]
+    return [0.0] * steps
 
 
 def _side_report(doc: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -207,7 +254,8 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
     problem: str | None = None
     pairs: list[dict[str, Any]] = []
     ratios, pair_of, sides = [], [], []  # the duet record: per step, per step, per pair
-    index = 0
+    index = left_out = 0
+    busy: str | None = None
     while index < count:
         run = run_pair(index, budget, case_doc, baseline_doc, plan, launch_candidate, launch_baseline, timeout_s)
         if run.cand is None:
@@ -227,10 +275,12 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
         assert run.base is not None
         base_docs.append(bdoc)
         base_s.append(run.base[1])
-        pr, why = pair_log_ratios(run.cand[0], bdoc)
-        pairs.append({"index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
+        got = pair_log_ratios(run.cand[0], bdoc)
+        pr, why = got.ratios, got.problem
+        pairs.append({"disturbed_steps": got.disturbed, "index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
                       "baseline_cpus": list(plan.cpus[1 - cs]), "candidate_gpus": list(plan.gpus[cs]),
                       "baseline_gpus": list(plan.gpus[1 - cs]), "steps": len(pr), "problem": why,
+                      "busy_wait": bool(_side_report(run.cand[0]).get("busy_wait")),
                       "step_start_skew_s": step_skew(run.cand[0], bdoc),
                       # the cpu sets the two processes ran on, as each read its own affinity back after pinning
                       "candidate_affinity": _side_report(run.cand[0]).get("affinity"),
@@ -242,7 +292,14 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
             sides.append(float(cs))
         else:
             sides.append(float("nan"))
+            left_out += 1
+            if not _node_busy(left_out, index + 1) and count + duet_stats.LOOK_STEP <= budget:
+                count += duet_stats.LOOK_STEP  # a pair left out is made up for, one pair per side assignment
         index += 1
+        if index == count and _node_busy(left_out, index):
+            busy = (f"{left_out} of {index} launch pairs had a neighbour on a side's core: the node is too busy "
+                    "for a duet now; no more pairs were run")
+            break
         if index == count and policy is not None and count + duet_stats.LOOK_STEP <= budget:
             # A look, at its share of alpha (duet_stats.Looks): the gate judges the last look at the same level.
             looks = duet_stats.Looks(planned_pairs(case_doc), budget)
@@ -256,11 +313,17 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
     if merged.get("status") == "passed" and problem is None:
         merged["samples"].update({LOG_RATIO: ratios, PAIR: pair_of, CANDIDATE_SIDE: sides})
     merged["environment"]["duet"] = {
-        "baseline": label, "mode": "duet", "reason": problem, "pairs": pairs, "pairs_planned": planned_pairs(case_doc),
+        "baseline": label, "mode": "duet", "reason": problem, "busy": busy, "pairs": pairs, "pairs_planned": planned_pairs(case_doc),
         "pairs_budget": budget, "sides": {"cpus": [list(c) for c in plan.cpus], "gpus": [list(g) for g in plan.gpus]},
         "step_start_skew_s_max": max((p["step_start_skew_s"] for p in pairs
                                       if p["step_start_skew_s"] is not None), default=None)}
     return merged
+
+
+def _node_busy(left_out: int, ran: int) -> bool:
+    """More than half the pairs so far were left out (a neighbour on a side's core): more pairs would mostly be
+    left out too, at the full cost of a launch pair each; the case ends INCOMPLETE, saying so."""
+    return 2 * left_out > ran
 
 
 def fell_back(doc: dict[str, Any], label: str | None, reason: str) -> dict[str, Any]:

@@ -143,6 +143,20 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
         record = env.get("duet") if isinstance(env.get("duet"), Mapping) else {}
         blocks = [duet_stats.DuetBlock(side, tuple(ratios))
                   for side, ratios in result_document.duet_pairs(result.samples)]
+        ran = [p for p in record.get("pairs") or [] if isinstance(p, Mapping)]
+        left_out = [p for p in ran if p.get("problem")]
+        if not blocks and record.get("mode") == "duet" and ran:
+            # Measured in duet, but no pair is usable (each disturbed, or without ratios): never PASS, and never
+            # judged as if paired from the same disturbed launches.
+            why = "; ".join(sorted({str(p["problem"]) for p in left_out})) or "no pair gave per-step ratios"
+            if record.get("busy"):
+                why += f"; {record['busy']}"
+            for metric in reg.metrics_for(case.kind):
+                reasons.append(Reason("regression", case.case_id, INCOMPLETE,
+                                      f"{metric}: duet: none of the {len(ran)} launch pairs is usable ({why})",
+                                      {"metric": metric, "baseline": record.get("baseline"), "pairs": 0,
+                                       "pairs_run": len(ran), "pairs_left_out": len(left_out)}))
+            continue
         if not blocks:
             fallback = record.get("reason") or "the case was not measured in duet"
             for reason in check_paired_regression(policy, [case], {case.case_id: result}):
@@ -152,12 +166,15 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
         # The last look's share of alpha: the runner looked after the planned pairs and every two more while
         # undecided (duet_stats.Looks); judging the last look at full alpha would undo the spending.
         looks = _duet_looks(record)
-        look_alpha = looks.alpha_at(len(blocks), reg.alpha)
+        # The look the runner reached counts the pairs it ran, usable or not (a pair left out still took a look's
+        # place in its schedule).
+        look_alpha = looks.alpha_at(max(len(ran), len(blocks)), reg.alpha)
         interval = duet_stats.duet_interval(blocks, alpha=look_alpha) if look_alpha > 0 else None
         call = duet_stats.decide(interval, reg.max_regression)
         for metric in reg.metrics_for(case.kind):
             figures: dict[str, Any] = {"metric": metric, "baseline": record.get("baseline"),
                                        "pairs": len(blocks), "call": call.value, "look_alpha": look_alpha,
+                                       "pairs_run": max(len(ran), len(blocks)), "pairs_left_out": len(left_out),
                                        "pairs_planned": looks.planned, "pairs_budget": looks.budget,
                                        **(interval.figures() if interval else {})}
             if interval is None:
@@ -170,7 +187,8 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                     f"{_pct(interval.side_bias_upper or 0.0)}] removed")
             text = (f"{metric} duet: change {_pct(interval.estimate)} [worst {_pct(interval.lower)}, best "
                     f"{_pct(interval.upper)}] (one-sided {1 - look_alpha:.1%} at this look, {interval.n} launch pairs, "
-                    f"{interval.steps} synchronized steps; {side})")
+                    f"{interval.steps} synchronized steps; {side}"
+                    + (f"; {len(left_out)} pair(s) left out: {left_out[0]['problem']}" if left_out else "") + ")")
             if call == duet_stats.DuetCall.PASS:
                 reasons.append(Reason("regression", case.case_id, PASS,
                                       f"{text}: within the {reg.max_regression:.0%} tolerance", figures))

@@ -11,6 +11,19 @@ it waits before each timed step, so that both sides start step k together: whate
 step k (a neighbour's burst, a frequency change) hits both sides of the comparison. Each side records when its
 steps started (`step_starts`, time.time()) so that the synchronisation can be checked afterwards.
 
+A side that arrives first keeps its cores busy until the peer arrives (`wait(filler)`: the workload's filler,
+a small unit of the same kind of work as its step, run between polls of the barrier), so that a side's step
+never runs beside an idle neighbour. Why: the two sides share the node's caches, memory bandwidth and, on a
+VM, physical cores. On this machine a matmul on one vCPU runs 2.4 times slower while the other vCPU runs
+matmuls too. With an idle wait, the extra work of a slower side ran while its peer slept, at up to twice the
+speed, and a 10% regression was measured as +4-5% (benchmarks/paired_vs_history.py; issue 23). With the
+filler, each side's step shares the node with the same kind of work whatever the other side is doing.
+A workload on a GPU passes no filler: its host thread only waits for the device, and the peer's GPU is its own.
+
+Each side also records, per timed step, how long its thread waited on a run queue for a CPU
+(`runq_wait_s`, from /proc/thread-self/schedstat): the time a neighbour (another process on its core) held
+its CPU. The driver uses it to tell a step measured under a neighbour from a clean one.
+
 The barrier is a pair of FIFOs in a directory both sides reach (`to0`, `to1`, made by the driver): a side
 writes the step number into its peer's FIFO and blocks (select, with a timeout) on its own until the peer's
 step number arrives. A blocking read wakes within microseconds, no polling, no CPU spent while waiting. Each
@@ -24,7 +37,7 @@ import select
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 SIDES = (0, 1)
 _WORD = struct.Struct("!i")
@@ -82,6 +95,8 @@ class StepBarrier:
     spec: DuetSpec
     step_starts: list[float] = field(default_factory=list)
     waits_s: list[float] = field(default_factory=list)
+    filler_units: int = 0  # filler units run while waiting for the peer (a busy wait)
+    runq_wait_s: list[float] = field(default_factory=list)  # per timed step: time spent waiting for a CPU
     alone_from: int | None = None  # the step from which the peer was gone
     alone_reason: str | None = None
 
@@ -90,15 +105,18 @@ class StepBarrier:
         self._inbox = os.open(os.path.join(self.spec.dir, f"to{self.spec.side}"), os.O_RDWR)
         self._outbox = os.open(os.path.join(self.spec.dir, f"to{1 - self.spec.side}"), os.O_RDWR)
         self._step = 0
+        self._runq_at_start: float | None = None
 
-    def wait(self) -> float:
-        """Arrive at the barrier of the next step and return when the peer has arrived too: the step's start."""
+    def wait(self, filler: Callable[[], object] | None = None) -> float:
+        """Arrive at the barrier of the next step and return when the peer has arrived too: the step's start.
+        With a filler, the wait is busy: the filler runs until the peer's word is there (see the module)."""
+        self._close_step()
         step = self._step
         self._step += 1
         if self.alone_from is None:
             arrived = time.perf_counter()
             os.write(self._outbox, _WORD.pack(step))
-            got = self._read_word(self.spec.timeout_s)
+            got = self._read_word(self.spec.timeout_s, filler)
             if got is None or got == PEER_GONE:
                 # The peer ended (its launch failed) or hangs: this side finishes its launch alone, and says
                 # from which step on (the driver keeps no duet pair without both sides passing).
@@ -111,21 +129,43 @@ class StepBarrier:
                 self.waits_s.append(time.perf_counter() - arrived)
         start = time.time()
         self.step_starts.append(start)
+        self._runq_at_start = runq_wait_s()
         return start
 
-    def _read_word(self, timeout_s: float) -> int | None:
-        """The peer's next word, or None when none came within timeout_s."""
+    def _close_step(self) -> None:
+        """The step that just ended (arrival at the next barrier, or the end): its run-queue wait."""
+        if self._runq_at_start is not None:
+            now = runq_wait_s()
+            if now is not None:
+                self.runq_wait_s.append(max(0.0, now - self._runq_at_start))
+            self._runq_at_start = None
+
+    def _read_word(self, timeout_s: float, filler: Callable[[], object] | None = None) -> int | None:
+        """The peer's next word, or None when none came within timeout_s; with a filler, run it between
+        non-blocking polls instead of sleeping in select."""
         deadline = time.monotonic() + timeout_s
         data = b""
         while len(data) < _WORD.size:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._inbox], [], [], max(0.0, left))
+            if filler is None:
+                ready, _, _ = select.select([self._inbox], [], [], max(0.0, left))
+            else:
+                ready, _, _ = select.select([self._inbox], [], [], 0.0)
+                if not ready and left > 0:
+                    filler()
+                    self.filler_units += 1
+                    continue
             if not ready:
                 return None
             data += os.read(self._inbox, _WORD.size - len(data))
         return _WORD.unpack(data)[0]
 
+    def done(self) -> None:
+        """The timed step has ended: record its run-queue wait (the next wait() and close() do it too)."""
+        self._close_step()
+
     def close(self) -> None:
+        self._close_step()
         for fd in (self._inbox, self._outbox):
             try:
                 os.close(fd)
@@ -138,7 +178,19 @@ class StepBarrier:
                 "steps": len(self.step_starts),
                 "step_starts": list(self.step_starts), "alone_from_step": self.alone_from,
                 "alone_reason": self.alone_reason,
-                "wait_s_median": sorted(self.waits_s)[len(self.waits_s) // 2] if self.waits_s else None}
+                "wait_s_median": sorted(self.waits_s)[len(self.waits_s) // 2] if self.waits_s else None,
+                "busy_wait": self.filler_units > 0, "filler_units": self.filler_units,
+                "runq_wait_s": list(self.runq_wait_s) if len(self.runq_wait_s) == len(self.step_starts) else None}
+
+
+def runq_wait_s() -> float | None:
+    """This thread's total time spent runnable but waiting for a CPU (Linux schedstat, field 2, ns); None where
+    the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def peer_gone(directory: str, side: int) -> None:

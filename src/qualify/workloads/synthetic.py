@@ -107,6 +107,9 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
     return {"status": "passed", "metrics": metrics, "samples": series, "environment": environment}
 
 
+FILLER_ITERATIONS = 10_000  # about a millisecond here: the barrier's poll interval while a side waits
+
+
 def _work(iterations: int) -> float:
     """One unit of real CPU work (no sleep): a pure-Python arithmetic loop."""
     acc = 0.0
@@ -126,16 +129,22 @@ def _timed_steps(case: dict[str, Any], params: dict[str, Any], slowdown: float) 
         raise protocol.BadCase(f"duet: {exc}") from None
     iterations = int(round(work * (1 + slowdown)))
     times: list[float] = []
+
+    def filler() -> None:  # a busy wait at the barrier: the same loop as a step, about a millisecond of it
+        _work(FILLER_ITERATIONS)
+
     try:
         phases.enter("warmup")
         _work(iterations)  # warm-up, untimed
         phases.enter(phases.MEASURE)
         for _ in range(steps):
             if barrier is not None:
-                barrier.wait()
+                barrier.wait(filler)
             start = time.perf_counter()
             _work(iterations)
             times.append(time.perf_counter() - start)
+            if barrier is not None:
+                barrier.done()
     finally:
         phases.enter("report")
         if barrier is not None:

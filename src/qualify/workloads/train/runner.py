@@ -306,6 +306,10 @@ class _Stepper:
         self.sync = get_accelerator().synchronize
         self.extra: ExtraWork | None = None  # set by calibrate_slowdown once the step's cost is known
         self.barrier: Any = None  # a duet launch's StepBarrier (workloads/duet.py): timed steps only
+        # A duet side that waits for its peer on a CPU keeps its core busy with matmuls in the step's threads,
+        # so that the peer's step never runs beside an idle core (workloads/duet.py says why). On a GPU the
+        # host thread only waits for its own device: no filler.
+        self.filler = ExtraWork(torch, s.device, 1, 0.0, 0.0).run if s.device.type == "cpu" else None
 
     def batch(self):
         if self.s.p.data == "memorize":
@@ -322,7 +326,7 @@ class _Stepper:
     def __call__(self, timed: bool = False) -> float:
         index = len(self.losses)
         if timed and self.barrier is not None:
-            self.barrier.wait()  # duet: both sides start this step together
+            self.barrier.wait(self.filler)  # duet: both sides start this step together
         start = time.perf_counter()
         total = self.torch.zeros((), device=self.s.device)
         for _ in range(self.s.accum):
@@ -338,6 +342,8 @@ class _Stepper:
             self.extra.run()
         self.sync()
         elapsed = time.perf_counter() - start
+        if timed and self.barrier is not None:
+            self.barrier.done()
         self.losses.append(value)
         if not math.isfinite(value):
             raise _NanLoss(index, value)
