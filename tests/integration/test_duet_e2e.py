@@ -71,13 +71,16 @@ def test_a_real_duet_through_ray_synchronizes_steps_and_swaps_cores(monkeypatch:
 
     interval = duet_interval(blocks_from_samples(doc["samples"]))
     # The interval is on the gate's scale: the throughput change, negative = worse. 50% more work is -33% on a quiet
-    # machine with independent cores; here it was measured between -13% and -22% most times, and once +5%
-    # [-13.9%, +28.6%] (4 pairs): the two sides share this VM's two vCPUs' cache, memory bandwidth and host, and that
-    # contention couples them and pulls the ratio towards 1 (issue 23; benchmarks/paired_vs_history.py measures it). Asserted is
+    # machine with independent cores. With an idle wait at the barrier it was measured between -13% and -22% most
+    # times, and once +5% (4 pairs): the two vCPUs share their host's cores, and the slower side's extra work ran
+    # beside a sleeping peer. The busy wait removed that pull towards 1 (benchmarks/duet_coupling.py), but each
+    # vCPU's speed still changes with what the host runs beside it, so single pairs move by +-0.3. Asserted is
     # what holds whatever the coupling: the interval exists, admits the slowdown, and is never one a real slowdown
     # could not produce (a log time ratio beyond 0.9).
     assert interval is not None and interval.lower < 0 and interval.estimate > math.exp(-0.9) - 1, interval
-    assert len(doc["samples"]["duet.log_ratio"]) == 48
+    # Only clean steps give ratios (no side waited for a CPU more than 5% of the step), at least half of each pair's.
+    assert 24 <= len(doc["samples"]["duet.log_ratio"]) <= 48
+    assert all(p["clean_steps"] >= 6 or p["problem"] for p in pairs)
 
 
 def _manifest(path: Path, tag: str, previous: str | None, *, slowdown: float = 0.0, baseline: str = "duet",

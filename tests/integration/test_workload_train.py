@@ -259,9 +259,13 @@ def test_slowdown_is_extra_matmuls_sized_to_the_step(run_case):
     doc = run_case({**QUICK, "slowdown": 0.5}, case_id="train/tiny-llama/slowed")
     assert doc["status"] == "passed", doc["error"]
     env = doc["environment"]
-    # Real compute, sized once from the settled steps' cost: never a sleep.
+    # Real compute, sized against the step in three rounds (a step, then a step-long block of matmuls): never a
+    # sleep; the units are the fraction times the median round's step / matmul ratio.
     assert env["slowdown"] == 0.5 and env["slowdown_units"] >= 1 and env["slowdown_unit_s"] > 0
     assert "matmul" in env["slowdown_work"]
+    rounds = env["slowdown_sizing"]
+    assert len(rounds) == 3 and all(r > 0 for r in rounds)
+    assert abs(env["slowdown_units"] - 0.5 * sorted(rounds)[1]) <= 1
 
 
 @pytest.mark.slow

@@ -165,9 +165,10 @@ def run_pair(index: int, count: int, case_doc: Mapping[str, Any], baseline_doc: 
 
 
 # A step is clean when neither side's thread waited on a run queue for more than this share of the step: no
-# other process held its core for long. Background daemons cost a side well under 1% here; a neighbour that
-# shares a side's core (a CPU burner, a second job) costs it a third to a half of every step.
-CLEAN_RUNQ_SHARE = 0.05
+# other process held its core for long. Background daemons cost a side under 1% of most steps here (a blip of
+# a few ms now and then, which matters only for steps of a few tens of ms); a neighbour that shares a side's
+# core (a CPU burner, a second job) costs it a third to a half of every step.
+CLEAN_RUNQ_SHARE = 0.10
 # A pair with fewer clean steps than this share is left out of the interval (the runner's looks then run more
 # pairs): its ratio would say where the neighbour sat, not what the candidate costs.
 MIN_CLEAN_SHARE = 0.5
@@ -181,6 +182,16 @@ class PairRatios:
     steps: int  # steps both sides ran together
     disturbed: int  # of those, steps with a neighbour on a side's core
     problem: str | None
+    runq_share: tuple[float | None, float | None] = (None, None)  # (candidate, baseline): median share of a step
+
+
+def runq_shares(doc: Mapping[str, Any]) -> list[float] | None:
+    """A side's run-queue wait as a share of each timed step; None where its workload did not measure it."""
+    times = [float(x) for x in (doc.get("samples") or {}).get(STEP_SERIES) or []]
+    raw = _side_report(doc).get("runq_wait_s")
+    if not isinstance(raw, list) or len(raw) != len(times) or not all(isinstance(x, (int, float)) for x in raw):
+        return None
+    return [float(w) / t if t > 0 else 0.0 for w, t in zip(raw, times)]
 
 
 def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRatios:
@@ -197,32 +208,25 @@ def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRat
         return PairRatios([], 0, 0, f"the sides ran {len(c)} and {len(b)} timed steps")
     alone = [_side_report(d).get("alone_from_step") for d in (cand, base)]
     stop = min([a for a in alone if isinstance(a, int)], default=len(c))
-    runq_c, runq_b = _runq(cand, len(c)), _runq(base, len(b))
+    share_c, share_b = runq_shares(cand), runq_shares(base)
+    medians = (statistics.median(share_c) if share_c else None, statistics.median(share_b) if share_b else None)
+    share_c, share_b = share_c or [0.0] * len(c), share_b or [0.0] * len(b)
     clean, disturbed = [], 0
     for k in range(stop):
         if c[k] <= 0 or b[k] <= 0:
             continue
-        if runq_c[k] > CLEAN_RUNQ_SHARE * c[k] or runq_b[k] > CLEAN_RUNQ_SHARE * b[k]:
+        if share_c[k] > CLEAN_RUNQ_SHARE or share_b[k] > CLEAN_RUNQ_SHARE:
             disturbed += 1
             continue
         clean.append(math.log(c[k] / b[k]))
     steps = len(clean) + disturbed
     if not steps:
-        return PairRatios([], 0, 0, "no timed step ran with both sides together")
+        return PairRatios([], 0, 0, "no timed step ran with both sides together", medians)
     if len(clean) < MIN_CLEAN_SHARE * steps:
         return PairRatios([], steps, disturbed,
                           f"{disturbed} of {steps} steps had a neighbour on a side's core (a side waited for a CPU "
-                          f"more than {CLEAN_RUNQ_SHARE:.0%} of the step): the pair is left out")
-    return PairRatios(clean, steps, disturbed, None)
-
-
-def _runq(doc: Mapping[str, Any], steps: int) -> list[float]:
-    """A side's run-queue wait per timed step; zeros where its workload did not say (not Linux, an older image):
-    then every step counts as clean, as before the wait was measured."""
-    raw = _side_report(doc).get("runq_wait_s")
-    if isinstance(raw, list) and len(raw) == steps and all(isinstance(x, (int, float)) for x in raw):
-        return [float(x) for x in raw]
-    return [0.0] * steps
+                          f"more than {CLEAN_RUNQ_SHARE:.0%} of the step): the pair is left out", medians)
+    return PairRatios(clean, steps, disturbed, None, medians)
 
 
 def _side_report(doc: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -279,7 +283,9 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
         pr, why = got.ratios, got.problem
         pairs.append({"disturbed_steps": got.disturbed, "index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
                       "baseline_cpus": list(plan.cpus[1 - cs]), "candidate_gpus": list(plan.gpus[cs]),
-                      "baseline_gpus": list(plan.gpus[1 - cs]), "steps": len(pr), "problem": why,
+                      "baseline_gpus": list(plan.gpus[1 - cs]), "steps": got.steps, "clean_steps": len(pr),
+                      "candidate_runq_share": got.runq_share[0], "baseline_runq_share": got.runq_share[1],
+                      "problem": why,
                       "busy_wait": bool(_side_report(run.cand[0]).get("busy_wait")),
                       "step_start_skew_s": step_skew(run.cand[0], bdoc),
                       # the cpu sets the two processes ran on, as each read its own affinity back after pinning

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -318,9 +319,9 @@ class _Stepper:
                                  generator=self.gen)
         return ids.to(self.s.device)
 
-    def calibrate_slowdown(self, step_s: float) -> dict[str, Any]:
+    def calibrate_slowdown(self) -> dict[str, Any]:
         """params.slowdown f: from now on each step does f times its measured cost in extra matmuls."""
-        self.extra = ExtraWork.calibrated(self.torch, self.s.device, self.s.p.slowdown, step_s)
+        self.extra = ExtraWork.sized(self.torch, self.s.device, self.s.p.slowdown, self)
         return self.extra.describe()
 
     def __call__(self, timed: bool = False) -> float:
@@ -363,18 +364,39 @@ class ExtraWork:
         self.a = torch.randn(self.SIZE, self.SIZE, generator=gen).to(device)
         self.b = torch.randn(self.SIZE, self.SIZE, generator=gen).to(device)
         self.sink = 0.0
+        self.sizing: list[float] = []  # per sizing round: the step's time over one matmul's
 
     @classmethod
-    def calibrated(cls, torch, device, fraction: float, step_s: float, probes: int = 30) -> "ExtraWork":
+    def sized(cls, torch, device, fraction: float, step: Callable[[], float], rounds: int = 3) -> "ExtraWork":
+        """Sized against the step itself: `rounds` times an untimed step, then a block of matmuls about as long;
+        the number of matmuls is f times the median of the rounds' (step time / one matmul's time in its block).
+
+        Why rounds of step-long blocks: the step's cost and the matmul's cost must be read under the same
+        neighbour. On this machine a matmul runs 2.4 times slower while the other vCPU runs matmuls too; when the
+        matmul's cost was the fastest of 30 single matmuls (15 ms in all) and the step's the fastest of three
+        steps, the two saw different neighbours, and the "10% slower" copy of a benchmark was 4% to 17% slower
+        from one launch to the next (issue 23). A round's step and block share their neighbour, and the median
+        of three rounds drops one that did not."""
         work = cls(torch, device, 1, 0.0, fraction)
         work.run()  # warm-up
-        times = []
-        for _ in range(probes):
+        singles = []
+        for _ in range(5):
             t0 = time.perf_counter()
             work.run()
-            times.append(time.perf_counter() - t0)
-        work.unit_s = min(times)
-        work.units = max(1, round(fraction * step_s / work.unit_s)) if work.unit_s > 0 else 1
+            singles.append(time.perf_counter() - t0)
+        ratios, unit_times = [], []
+        for _ in range(rounds):
+            step_s = step()
+            block = max(1, round(step_s / max(min(singles), 1e-7)))
+            work.units = block
+            t0 = time.perf_counter()
+            work.run()
+            unit_s = (time.perf_counter() - t0) / block
+            unit_times.append(unit_s)
+            ratios.append(step_s / unit_s if unit_s > 0 else 0.0)
+        work.unit_s = statistics.median(unit_times)
+        work.units = max(1, round(fraction * statistics.median(ratios)))
+        work.sizing = ratios
         return work
 
     def run(self) -> None:
@@ -385,7 +407,8 @@ class ExtraWork:
 
     def describe(self) -> dict[str, Any]:
         return {"slowdown": self.fraction, "slowdown_units": self.units, "slowdown_unit_s": self.unit_s,
-                "slowdown_work": f"{self.units} x {self.SIZE}x{self.SIZE} matmul per step"}
+                "slowdown_work": f"{self.units} x {self.SIZE}x{self.SIZE} matmul per step",
+                "slowdown_sizing": [round(r, 2) for r in self.sizing]}
 
 
 class _Evidence:
@@ -428,16 +451,6 @@ class _Evidence:
                                    "checkpoint function during the timed steps")
 
 
-def _warm_step_cost(step: "_Stepper", warm_times: list[float]) -> float:
-    """A step's cost for sizing params.slowdown: the fastest of three settled steps (the warm-up steps after the
-    first, which compiles, topped up with untimed steps): the least disturbed by a neighbour, as the matmul's
-    unit cost is (ExtraWork.calibrated), so that the extra work is the asked fraction of the same machine state."""
-    settled = warm_times[1:4]
-    while len(settled) < 3:
-        settled.append(step())
-    return min(settled)
-
-
 def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrier: Any = None) -> dict[str, Any]:
     """Warm up, then repeats x steps timed steps (a duet launch: each after the barrier); the result fields."""
     from qualify.workloads.train import models as tm
@@ -459,11 +472,9 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrie
     evidence = _Evidence(ckpt_counter)
     memory = PeakMemory(s.device)
     try:
-        warm_times: list[float] = []
         phases.enter("warmup")
         for _ in range(p.warmup_steps):
             elapsed = step()
-            warm_times.append(elapsed)
             if first_step is None:
                 first_step = elapsed
         n_warm = len(step.losses)
@@ -471,7 +482,7 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrie
         # compile) is kept apart; the training peak is measured from here on.
         metrics["setup_peak_memory_bytes"] = memory.peak()
         if p.slowdown:
-            env.update(step.calibrate_slowdown(_warm_step_cost(step, warm_times)))
+            env.update(step.calibrate_slowdown())
         memory.reset()
         evidence.timed_start()
         step.barrier = barrier
