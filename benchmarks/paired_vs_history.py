@@ -133,6 +133,9 @@ def main() -> int:
     ap.add_argument("--slowdown", type=float, default=0.10)
     ap.add_argument("--burn-every", type=int, default=2, help="a CPU burner during every k-th repetition")
     ap.add_argument("--out", type=Path, help="where the database and reports go (default: a temp folder)")
+    ap.add_argument("--max-minutes", type=float, default=0.0,
+                    help="stop starting repetitions after this many minutes (0: no limit); the last line then "
+                         "counts the repetitions that ran and says so")
     ap.add_argument("--calibrate-runs", type=int, default=3,
                     help="A/A runs of `qualify calibrate` on the previous release (history mode needs the run-to-run "
                          "variation; 0: skip, and history mode is INCOMPLETE by design)")
@@ -156,7 +159,13 @@ def main() -> int:
     counts = {m: {c: {"P": 0, "I": 0, "F": 0} for c in CASES} for m in MODES}
     walls: dict[str, list[float]] = {m: [] for m in MODES}
     launches: dict[str, list[int]] = {m: [] for m in MODES}
+    started = time.monotonic()
+    done = 0
     for k in range(1, args.reps + 1):
+        if args.max_minutes and time.monotonic() - started > args.max_minutes * 60:
+            print(f"--max-minutes {args.max_minutes:g} reached: {done} of {args.reps} repetitions ran", flush=True)
+            break
+        done = k
         burner = None
         if args.burn_every and k % args.burn_every == 0:
             burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -189,7 +198,7 @@ def main() -> int:
     def med(values: list[float] | list[int], digits: int = 0) -> str:
         return f"{statistics.median(values):.{digits}f}" if values else "-"
 
-    print(f"history run of the previous release: {base_wall:.0f} s", flush=True)
+    print(f"history run of the previous release: {base_wall:.0f} s; N = {done} repetitions", flush=True)
     print("; ".join(f"{m}: identical {pif(m, 'identical')}, slowed {pif(m, 'slowed')}" for m in MODES)
           + f"; median launches {'/'.join(med(launches[m]) for m in MODES)}"
           + f"; median wall s {'/'.join(med(walls[m]) for m in MODES)}")
