@@ -6,12 +6,13 @@
 Two processes, each pinned to its own core, run the same step (torch matmuls, one thread), one side with
 --slowdown more matmuls per step (real extra work), through the real step barrier (qualify.workloads.duet), the
 sides swapped every pair. For each way of waiting at the barrier (`idle`: sleep in select until the peer
-arrives; `busy`: run a small matmul between polls) and each load (`quiet`; `burner`: one more busy process,
+arrives; `busy`: run a small matmul between polls; `trade`: busy, and the sides trade cores every step, the
+ratio taken over steps 2j and 2j+1) and each load (`quiet`; `burner`: one more busy process,
 unpinned, as the benchmark of paired_vs_history runs), it prints the measured slowdown (exp of the mean of the
 pairs' median log ratios, minus 1), its spread over pairs, and the share of steps a side waited for a CPU
 (clean steps only are counted by the gate: execution/duet.pair_log_ratios). Ends with one line:
 
-    coupling: alone X ms, both busy Y ms (Zx); idle quiet M%, busy quiet M%, idle burner M%, busy burner M% (true T%)
+    coupling: alone X ms, both busy Y ms (Zx); idle quiet M%, busy quiet M%, trade quiet M%, idle burner M%, ... (true T%)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from qualify.execution.duet import CLEAN_RUNQ_SHARE  # noqa: E402
 from qualify.workloads import duet  # noqa: E402
 
 UNITS = 40  # matmuls per step: about 20-40 ms here
+MODES = ("idle", "busy", "trade")  # idle wait; busy wait; busy wait and the sides trade cores every step
 
 
 def _side(directory: str, side: int, cpu: int, extra: float, mode: str, steps: int, out: "mp.Queue") -> None:
@@ -48,10 +50,11 @@ def _side(directory: str, side: int, cpu: int, extra: float, mode: str, steps: i
 
     for _ in range(20):
         unit()
-    barrier = duet.StepBarrier(duet.DuetSpec(directory, side, (cpu,), timeout_s=60))
+    spec = duet.DuetSpec(directory, side, (cpu,), timeout_s=60, peer_cpus=(1 - cpu,))
+    barrier = duet.StepBarrier(spec, trade=mode == "trade")
     times = []
     for _ in range(steps):
-        barrier.wait(unit if mode == "busy" else None)
+        barrier.wait(None if mode == "idle" else unit)
         start = time.perf_counter()
         for _ in range(UNITS + round(UNITS * extra)):
             unit()
@@ -78,6 +81,8 @@ def pair(mode: str, cand_cpu: int, steps: int, slowdown: float) -> tuple[float, 
         shutil.rmtree(directory, ignore_errors=True)
     (c, rc), (b, rb) = got[0], got[1]
     ratios = [math.log(x / y) for x, y in zip(c, b)]
+    if mode == "trade":  # each release once on each core: steps 2j and 2j+1 together (execution/duet)
+        ratios = [(ratios[k] + ratios[k + 1]) / 2 for k in range(0, len(ratios) - 1, 2)]
     disturbed = sum(1 for k in range(len(c)) if rc and rb and (rc[k] > CLEAN_RUNQ_SHARE * c[k]
                                                                 or rb[k] > CLEAN_RUNQ_SHARE * b[k]))
     return statistics.median(ratios), disturbed / len(c)
@@ -122,7 +127,7 @@ def main() -> int:
           f"({both / alone:.2f}x)", flush=True)
     measured: dict[str, float] = {}
     for load in ("quiet", "burner"):
-        for mode in ("idle", "busy"):
+        for mode in MODES:
             burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "burner" else None
             try:
                 runs = [pair(mode, k % 2, args.steps, args.slowdown) for k in range(args.pairs)]

@@ -78,9 +78,13 @@ def test_a_real_duet_through_ray_synchronizes_steps_and_swaps_cores(monkeypatch:
     # what holds whatever the coupling: the interval exists, admits the slowdown, and is never one a real slowdown
     # could not produce (a log time ratio beyond 0.9).
     assert interval is not None and interval.lower < 0 and interval.estimate > math.exp(-0.9) - 1, interval
-    # Only clean steps give ratios (no side waited for a CPU more than 5% of the step), at least half of each pair's.
-    assert 24 <= len(doc["samples"]["duet.log_ratio"]) <= 48
-    assert all(p["clean_steps"] >= 6 or p["problem"] for p in pairs)
+    # With the trades the cores' neighbours cancel: measured -32% (pairs +0.34..+0.42 in log time; true +0.405)
+    # where fixed cores gave -13%..+5%. Bounded loosely, for a loaded CI machine.
+    assert -0.45 < interval.estimate < -0.20, interval
+    # The sides traded cores every step: one ratio per two steps (each release once on each core).
+    assert all(p["traded_cores"] and p["units"] == 6 for p in pairs)
+    assert 12 <= len(doc["samples"]["duet.log_ratio"]) <= 24
+    assert all(p["clean_units"] >= 3 or p["problem"] for p in pairs)
 
 
 def _manifest(path: Path, tag: str, previous: str | None, *, slowdown: float = 0.0, baseline: str = "duet",
@@ -123,10 +127,11 @@ def test_qualify_run_in_duet_mode_passes_identical_code_fails_a_slower_one_and_f
     code, same = _run(tmp_path, db, _manifest(tmp_path / "same.yaml", "1.1", "1.0", wide_cpus=os.cpu_count() or 2))
     reasons = {r["case_id"]: r for r in same["reasons"] if r["check"] == "regression"}
     steps = reasons["synthetic/steps"]
-    # Judged in duet, the side bias reported. The verdict itself is not asserted: on this shared 2-core machine a
-    # neighbour's load on one core moves single launch pairs by +-20% (the error rates are simulated in
-    # tests/unit/test_duet_stats.py and measured by benchmarks/paired_vs_history.py).
-    assert steps["status"] in ("PASS", "INCOMPLETE", "FAIL") and "duet" in steps["message"], steps
+    # Judged in duet, the side bias reported. Identical code is never FAILed (with the sides trading cores every
+    # step a neighbour's load on one core cancels; before, it moved single launch pairs by +-20%); PASS is not
+    # asserted, as a loaded machine may leave it undecided (error rates: tests/unit/test_duet_stats.py and
+    # benchmarks/paired_vs_history.py).
+    assert steps["status"] in ("PASS", "INCOMPLETE") and "duet" in steps["message"], steps
     assert "side bias" in steps["message"] and steps["figures"]["design"] == "duet", steps
     env = results(db, same["run_id"])["synthetic/steps"]["environment"]
     assert [p["candidate_side"] for p in env["duet"]["pairs"]][:4] == [0, 1, 0, 1]

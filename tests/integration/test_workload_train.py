@@ -280,7 +280,8 @@ def test_a_training_duet_pins_each_side_and_starts_each_step_together(train_env,
     procs = []
     for side in (0, 1):
         case = protocol.make_case("train/tiny-llama/duet", "train", {**QUICK, "steps": 4})
-        case["duet"] = {"dir": str(barrier), "side": side, "cpus": [cores[side]], "timeout_s": 300}
+        case["duet"] = {"dir": str(barrier), "side": side, "cpus": [cores[side]], "peer_cpus": [cores[1 - side]],
+                        "timeout_s": 300}
         path = tmp_path / f"case{side}.json"
         path.write_text(json.dumps(case))
         procs.append(subprocess.Popen([sys.executable, "-m", "qualify.workloads.train", "--case", str(path)],
@@ -296,6 +297,10 @@ def test_a_training_duet_pins_each_side_and_starts_each_step_together(train_env,
         report = doc["environment"]["duet"]
         assert report["side"] == side and report["affinity"] == [cores[side]] and doc["environment"]["threads"] == 1
         assert report["steps"] == 8 and report["alone_from_step"] is None  # 2 repeats x 4 timed steps
+        # One rank: the sides traded cores every step (each release once on each core in steps 2j, 2j+1), and each
+        # step's wait for a CPU was recorded.
+        assert report["traded_cores"] and report["on_own_cpus"] == [True, False] * 4
+        assert len(report["runq_wait_s"]) == 8
     gaps = [abs(a - b) for a, b in zip(docs[0]["environment"]["duet"]["step_starts"],
                                        docs[1]["environment"]["duet"]["step_starts"])]
     assert max(gaps) < 0.25, gaps  # step k started together (a tiny-llama step is ~0.1-1 s here)

@@ -122,10 +122,39 @@ def test_each_timed_step_records_how_long_it_waited_for_a_cpu(tmp_path: Path) ->
         assert waits is not None and len(waits) == 5 and all(w >= 0 for w in waits)
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="trading cores needs two")
+def test_a_side_trades_cores_with_its_peer_every_step(tmp_path: Path) -> None:
+    duet.make_barrier_dir(str(tmp_path))
+    own, peer = sorted(os.sched_getaffinity(0))[:2]
+    before = os.sched_getaffinity(0)
+    out: dict = {}
+    t = threading.Thread(target=_side, args=(tmp_path, 1, 4, out, 0.0))
+    t.start()
+    seen = []
+    try:
+        barrier = duet.enter({"duet": {"dir": str(tmp_path), "side": 0, "cpus": [own], "peer_cpus": [peer],
+                                       "timeout_s": 30}}, trade_cores=True)
+        assert barrier is not None
+        for _ in range(4):
+            barrier.wait()
+            seen.append(sorted(os.sched_getaffinity(0)))
+            barrier.done()
+        barrier.close()
+    finally:
+        os.sched_setaffinity(0, before)  # the barrier pinned this (test) process
+        t.join(30)
+    assert seen == [[own], [peer], [own], [peer]]
+    assert barrier.report()["on_own_cpus"] == [True, False, True, False] and barrier.report()["traded_cores"]
+    # Without trade_cores (a multi-rank side), or without the peer's set, the side stays on its own cores.
+    assert not duet.StepBarrier(duet.DuetSpec(str(tmp_path), 0, (own,))).trade
+
+
 @pytest.mark.parametrize("section, problem", [
     ("x", "expected an object"), ({"dir": "/d", "side": 2, "cpus": []}, "duet.side"),
     ({"dir": "/d", "side": 0, "cpus": [-1]}, "duet.cpus"), ({"side": 0, "cpus": [0]}, "duet.dir"),
     ({"dir": "/d", "side": 0, "cpus": [0], "timeout_s": 0}, "duet.timeout_s"),
+    ({"dir": "/d", "side": 0, "cpus": [0], "peer_cpus": [0]}, "duet.peer_cpus"),
+    ({"dir": "/d", "side": 0, "cpus": [0], "peer_cpus": [1, 2]}, "duet.peer_cpus"),
 ])
 def test_a_bad_duet_section_is_named(section, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):

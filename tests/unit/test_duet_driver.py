@@ -159,7 +159,7 @@ def test_a_pair_with_a_neighbour_on_a_sides_core_is_left_out_and_replaced() -> N
     record = merged["environment"]["duet"]
     left_out = [p for p in record["pairs"] if p["problem"]]
     assert [p["index"] for p in left_out] == [1]
-    assert left_out[0]["disturbed_steps"] == 8 and "neighbour" in left_out[0]["problem"]
+    assert left_out[0]["disturbed_units"] == 8 and "neighbour" in left_out[0]["problem"]
     assert len(record["pairs"]) >= 6  # three usable pairs after four: the look was undecided, two more ran
     blocks = duet.blocks_from_samples(merged["samples"])
     assert len(blocks) == len(record["pairs"]) - 1
@@ -199,6 +199,40 @@ def test_disturbed_steps_are_left_out_of_a_pairs_ratios() -> None:
     assert bad.ratios == [] and "3 of 4 steps had a neighbour" in (bad.problem or "")
     # An image whose workload does not measure the wait: every step counts, as before.
     assert len(duet.pair_log_ratios(side([1.1] * 3, None), side([1.0] * 3, None)).ratios) == 3
+
+
+def test_sides_that_trade_cores_every_step_are_compared_two_steps_at_a_time() -> None:
+    # Core 1 is 40% slower than core 0 for this stretch (what the host ran beside it). The candidate is 10%
+    # slower; it starts on core 0, the baseline on core 1, and they trade every step.
+    def side(times: list[float]) -> dict[str, Any]:
+        own = [k % 2 == 0 for k in range(len(times))]
+        return {"samples": {"step_time_s": times}, "environment": {"duet": {
+            "traded_cores": True, "on_own_cpus": own, "runq_wait_s": [0.0] * len(times)}}}
+
+    core = [1.0, 1.4]
+    cand = side([1.1 * core[k % 2] for k in range(8)])
+    base = side([1.0 * core[(k + 1) % 2] for k in range(8)])
+    got = duet.pair_log_ratios(cand, base)
+    assert got.steps == 4 and got.ratios == pytest.approx([math.log(1.1)] * 4)  # the cores' difference cancels
+    # Step by step, the ratios would swing between log(1.1/1.4) and log(1.1*1.4): no one of them is the effect.
+    untraded = {**base, "environment": {"duet": {"runq_wait_s": [0.0] * 8}}}
+    assert duet.pair_log_ratios(cand, untraded).ratios[0] == pytest.approx(math.log(1.1 / 1.4))
+    # A neighbour on core 1 (a burner: whoever runs there waits for the CPU half the time, twice as long a step)
+    # slows each release on alternate steps: the pair's units cancel it, and nothing is left out for it.
+    burned = [0.5 if k % 2 else 0.0 for k in range(8)]
+    cand = side([1.1 * core[k % 2] * (2 if k % 2 else 1) for k in range(8)])
+    base = side([1.0 * core[(k + 1) % 2] * (1 if k % 2 else 2) for k in range(8)])
+    cand["environment"]["duet"]["runq_wait_s"] = [w * t for w, t in zip(burned, cand["samples"]["step_time_s"])]
+    base["environment"]["duet"]["runq_wait_s"] = [w * t for w, t in zip(burned[1:] + [0.0], base["samples"]["step_time_s"])]
+    got = duet.pair_log_ratios(cand, base)
+    assert got.disturbed == 0 and got.problem is None and got.ratios == pytest.approx([math.log(1.1)] * 4)
+
+
+def test_the_driver_gives_cpu_sides_each_others_cores_to_trade_and_gpu_sides_none() -> None:
+    cpu = duet._side_doc(CASE, 0, 4, "/d", 1, duet.SidePlan(cpus=((0,), (1,))), 60)
+    assert cpu["duet"]["cpus"] == [1] and cpu["duet"]["peer_cpus"] == [0]
+    gpu = duet._side_doc(CASE, 0, 4, "/d", 1, PLAN, 60)
+    assert "peer_cpus" not in gpu["duet"]
 
 
 def test_a_node_that_cannot_hold_both_sides_is_measured_paired_with_the_reason() -> None:

@@ -118,9 +118,12 @@ def unsupported_reason(kind: str, executor_kind: str) -> str | None:
 
 
 def _side_doc(doc: Mapping[str, Any], index: int, count: int, directory: str, side: int,
-              cpus: Sequence[int], timeout_s: float) -> dict[str, Any]:
+              plan: SidePlan, timeout_s: float) -> dict[str, Any]:
     out = launches.launch_document(doc, index, count)
-    out["duet"] = {"dir": directory, "side": side, "cpus": list(cpus), "timeout_s": timeout_s}
+    out["duet"] = {"dir": directory, "side": side, "cpus": list(plan.cpus[side]), "timeout_s": timeout_s}
+    if not any(plan.gpus):
+        # CPU sides trade core sets every step (workloads/duet.py); a GPU side's model lives on its own device.
+        out["duet"]["peer_cpus"] = list(plan.cpus[1 - side])
     return out
 
 
@@ -146,7 +149,7 @@ def run_pair(index: int, count: int, case_doc: Mapping[str, Any], baseline_doc: 
 
         def side(which: str, launch: Launch, doc: Mapping[str, Any], s: int) -> None:
             try:
-                result = launch(_side_doc(doc, index, count, directory, s, plan.cpus[s], timeout_s), plan.gpus[s])
+                result = launch(_side_doc(doc, index, count, directory, s, plan, timeout_s), plan.gpus[s])
                 setattr(run, which, result)
             except Exception as exc:  # noqa: BLE001 - reported as the side's failure, never lost in a thread
                 run.errors.append(f"{which}: {type(exc).__name__}: {exc}")
@@ -178,11 +181,23 @@ MIN_CLEAN_SHARE = 0.5
 class PairRatios:
     """One launch pair's per-step log ratios (clean steps only) and what was left out."""
 
-    ratios: list[float]
-    steps: int  # steps both sides ran together
-    disturbed: int  # of those, steps with a neighbour on a side's core
+    ratios: list[float]  # one per clean unit: a step, or two steps when the sides traded cores
+    steps: int  # units compared (steps both sides ran together, in twos when they traded cores)
+    disturbed: int  # of those, units with a neighbour on a side's core (only without trades)
     problem: str | None
     runq_share: tuple[float | None, float | None] = (None, None)  # (candidate, baseline): median share of a step
+
+
+def _steps(doc: Mapping[str, Any]) -> list[Any]:
+    return list((doc.get("samples") or {}).get(STEP_SERIES) or [])
+
+
+def traded(doc: Mapping[str, Any]) -> bool:
+    """Did this side trade core sets with its peer every step, starting on its own (workloads/duet.py)?"""
+    report = _side_report(doc)
+    own = report.get("on_own_cpus")
+    return bool(report.get("traded_cores")) and isinstance(own, list) and \
+        all(o == (k % 2 == 0) for k, o in enumerate(own))
 
 
 def runq_shares(doc: Mapping[str, Any]) -> list[float] | None:
@@ -195,10 +210,11 @@ def runq_shares(doc: Mapping[str, Any]) -> list[float] | None:
 
 
 def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRatios:
-    """Per-step log(candidate time / baseline time) of one launch pair, step k with step k: the steps a side
-    ran alone (its peer gone) and the disturbed steps (a side waited on a run queue for more than
-    CLEAN_RUNQ_SHARE of it) are left out; the whole pair is, when fewer than MIN_CLEAN_SHARE of its steps are
-    clean. Leaving steps out by the run-queue wait cannot hide a regression: a candidate whose own threads
+    """Per-step log(candidate time / baseline time) of one launch pair, step k with step k (sides that traded
+    cores: the mean of steps 2j and 2j+1, one on each core set, which cancels what the cores' neighbours do):
+    the steps a side ran alone (its peer gone) are left out, and without trades the disturbed steps (a side
+    waited on a run queue for more than CLEAN_RUNQ_SHARE of it) too; the whole pair is, when fewer than
+    MIN_CLEAN_SHARE of its steps are clean. Leaving steps out by the run-queue wait cannot hide a regression: a candidate whose own threads
     keep its step waiting for a CPU has no clean steps, and its case is never PASS (INCOMPLETE, with why)."""
     c = [float(x) for x in (cand.get("samples") or {}).get(STEP_SERIES) or []]
     b = [float(x) for x in (base.get("samples") or {}).get(STEP_SERIES) or []]
@@ -211,20 +227,28 @@ def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRat
     share_c, share_b = runq_shares(cand), runq_shares(base)
     medians = (statistics.median(share_c) if share_c else None, statistics.median(share_b) if share_b else None)
     share_c, share_b = share_c or [0.0] * len(c), share_b or [0.0] * len(b)
+    # Sides that traded cores every step are compared two steps at a time (each release once on each core set):
+    # the mean log ratio of steps 2j and 2j+1 cancels the two core sets' difference at that moment.
+    width = 2 if traded(cand) and traded(base) else 1
     clean, disturbed = [], 0
-    for k in range(stop):
-        if c[k] <= 0 or b[k] <= 0:
+    for k in range(0, stop - width + 1, width):
+        span = range(k, k + width)
+        if any(c[j] <= 0 or b[j] <= 0 for j in span):
             continue
-        if share_c[k] > CLEAN_RUNQ_SHARE or share_b[k] > CLEAN_RUNQ_SHARE:
+        # A neighbour on one core set slows whichever release is on it: with trades, each release once, and
+        # the unit's mean cancels it (so a traded unit is never left out for it); without trades it lands on
+        # one release, and the step is left out.
+        if width == 1 and (share_c[k] > CLEAN_RUNQ_SHARE or share_b[k] > CLEAN_RUNQ_SHARE):
             disturbed += 1
             continue
-        clean.append(math.log(c[k] / b[k]))
+        clean.append(statistics.fmean(math.log(c[j] / b[j]) for j in span))
     steps = len(clean) + disturbed
     if not steps:
         return PairRatios([], 0, 0, "no timed step ran with both sides together", medians)
     if len(clean) < MIN_CLEAN_SHARE * steps:
         return PairRatios([], steps, disturbed,
-                          f"{disturbed} of {steps} steps had a neighbour on a side's core (a side waited for a CPU "
+                          f"{disturbed} of {steps} {'step pairs' if width == 2 else 'steps'} had a neighbour on a "
+                          f"side's core (a side waited for a CPU "
                           f"more than {CLEAN_RUNQ_SHARE:.0%} of the step): the pair is left out", medians)
     return PairRatios(clean, steps, disturbed, None, medians)
 
@@ -281,9 +305,12 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
         base_s.append(run.base[1])
         got = pair_log_ratios(run.cand[0], bdoc)
         pr, why = got.ratios, got.problem
-        pairs.append({"disturbed_steps": got.disturbed, "index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
+        pairs.append({"disturbed_units": got.disturbed, "index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
                       "baseline_cpus": list(plan.cpus[1 - cs]), "candidate_gpus": list(plan.gpus[cs]),
-                      "baseline_gpus": list(plan.gpus[1 - cs]), "steps": got.steps, "clean_steps": len(pr),
+                      "baseline_gpus": list(plan.gpus[1 - cs]),
+                      "steps": min(len(_steps(run.cand[0])), len(_steps(bdoc))),
+                      "traded_cores": traded(run.cand[0]) and traded(bdoc), "units": got.steps,
+                      "clean_units": len(pr),
                       "candidate_runq_share": got.runq_share[0], "baseline_runq_share": got.runq_share[1],
                       "problem": why,
                       "busy_wait": bool(_side_report(run.cand[0]).get("busy_wait")),

@@ -20,6 +20,14 @@ speed, and a 10% regression was measured as +4-5% (benchmarks/paired_vs_history.
 filler, each side's step shares the node with the same kind of work whatever the other side is doing.
 A workload on a GPU passes no filler: its host thread only waits for the device, and the peer's GPU is its own.
 
+The two sides trade core sets every step (when the driver gives each side its peer's set and the workload's
+steps run in one process): step k runs on the side's own cores when k is even, on the peer's when odd. Why:
+each vCPU here is fast or slow for seconds at a time, by what the host runs beside it (a side's 20 ms step
+took 11 ms for a stretch, then 20 ms again, while the other side's did not change). With fixed cores such a
+stretch lands on one release and moves a launch pair's ratio by up to +-30%; with trades, steps 2j and 2j+1
+put each release on each core once, and their mean log ratio cancels the cores' difference (execution/duet
+pairs them). The sides still swap their starting cores between launch pairs.
+
 Each side also records, per timed step, how long its thread waited on a run queue for a CPU
 (`runq_wait_s`, from /proc/thread-self/schedstat): the time a neighbour (another process on its core) held
 its CPU. The driver uses it to tell a step measured under a neighbour from a clean one.
@@ -58,6 +66,7 @@ class DuetSpec:
     side: int
     cpus: tuple[int, ...]
     timeout_s: float = DEFAULT_TIMEOUT_S
+    peer_cpus: tuple[int, ...] = ()  # the other side's cpu set: the sides trade cores every step (see below)
 
     @classmethod
     def from_case(cls, case: Mapping[str, Any]) -> "DuetSpec | None":
@@ -79,7 +88,13 @@ class DuetSpec:
         timeout = raw.get("timeout_s", DEFAULT_TIMEOUT_S)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"duet.timeout_s: a positive number, got {timeout!r}")
-        return cls(dir=directory, side=int(side), cpus=tuple(cpus), timeout_s=float(timeout))
+        peer = raw.get("peer_cpus") or []
+        if not isinstance(peer, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                                                 for c in peer):
+            raise ValueError(f"duet.peer_cpus: a list of CPU numbers, got {peer!r}")
+        if peer and (len(peer) != len(cpus) or set(peer) & set(cpus)):
+            raise ValueError(f"duet.peer_cpus: as many CPUs as duet.cpus and none of them, got {peer!r} and {cpus!r}")
+        return cls(dir=directory, side=int(side), cpus=tuple(cpus), timeout_s=float(timeout), peer_cpus=tuple(peer))
 
 
 def make_barrier_dir(directory: str) -> None:
@@ -99,6 +114,8 @@ class StepBarrier:
     runq_wait_s: list[float] = field(default_factory=list)  # per timed step: time spent waiting for a CPU
     alone_from: int | None = None  # the step from which the peer was gone
     alone_reason: str | None = None
+    trade: bool = False  # trade cores with the peer every step (enter(trade_cores=True) with peer_cpus)
+    on_own_cpus: list[bool] = field(default_factory=list)  # per timed step: on this side's cpu set, or the peer's
 
     def __post_init__(self) -> None:
         # O_RDWR: never blocks on open, and a read end stays open while we hold it (no EOF when the peer closes).
@@ -106,6 +123,7 @@ class StepBarrier:
         self._outbox = os.open(os.path.join(self.spec.dir, f"to{1 - self.spec.side}"), os.O_RDWR)
         self._step = 0
         self._runq_at_start: float | None = None
+        self._pinned = sorted(os.sched_getaffinity(0))  # read back after enter() pinned: the side's own set
 
     def wait(self, filler: Callable[[], object] | None = None) -> float:
         """Arrive at the barrier of the next step and return when the peer has arrived too: the step's start.
@@ -127,6 +145,12 @@ class StepBarrier:
                 raise DuetError(f"duet side {self.spec.side}: the peer is at step {got}, this side at {step}")
             else:
                 self.waits_s.append(time.perf_counter() - arrived)
+        if self.trade:
+            # Both sides are at the same step: step k on the own set when k is even, on the peer's when odd, so
+            # that each side spends alternate steps on each core set and never shares one with its peer.
+            own = step % 2 == 0
+            pin_process(self.spec.cpus if own else self.spec.peer_cpus)
+            self.on_own_cpus.append(own)
         start = time.time()
         self.step_starts.append(start)
         self._runq_at_start = runq_wait_s()
@@ -174,12 +198,13 @@ class StepBarrier:
 
     def report(self) -> dict[str, Any]:
         """What the result's environment records of this side."""
-        return {"side": self.spec.side, "cpus": list(self.spec.cpus), "affinity": sorted(os.sched_getaffinity(0)),
+        return {"side": self.spec.side, "cpus": list(self.spec.cpus), "affinity": self._pinned,
                 "steps": len(self.step_starts),
                 "step_starts": list(self.step_starts), "alone_from_step": self.alone_from,
                 "alone_reason": self.alone_reason,
                 "wait_s_median": sorted(self.waits_s)[len(self.waits_s) // 2] if self.waits_s else None,
                 "busy_wait": self.filler_units > 0, "filler_units": self.filler_units,
+                "traded_cores": self.trade, "on_own_cpus": list(self.on_own_cpus) if self.trade else None,
                 "runq_wait_s": list(self.runq_wait_s) if len(self.runq_wait_s) == len(self.step_starts) else None}
 
 
@@ -214,10 +239,26 @@ def pin(cpus: tuple[int, ...]) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def enter(case: Mapping[str, Any]) -> StepBarrier | None:
-    """For a duet launch: pin to the side's cpu set and open the step barrier; None for any other launch."""
+def pin_process(cpus: tuple[int, ...]) -> None:
+    """Pin every thread of this process to the cpu set (sched_setaffinity(0) moves only the calling thread; a
+    torch thread pool keeps the set it was created with)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, set(cpus))
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def enter(case: Mapping[str, Any], *, trade_cores: bool = False) -> StepBarrier | None:
+    """For a duet launch: pin to the side's cpu set and open the step barrier; None for any other launch.
+    trade_cores: the workload's steps all run in this process (one rank), so the two sides may trade core sets
+    every step when the driver gave the peer's (duet.peer_cpus)."""
     spec = DuetSpec.from_case(case)
     if spec is None:
         return None
     pin(spec.cpus)
-    return StepBarrier(spec)
+    return StepBarrier(spec, trade=trade_cores and bool(spec.peer_cpus) and bool(spec.cpus))

@@ -124,7 +124,7 @@ def _timed_steps(case: dict[str, Any], params: dict[str, Any], slowdown: float) 
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise protocol.BadCase(f"params.{name}: a positive integer, got {value!r}")
     try:
-        barrier = duet.enter(case)
+        barrier = duet.enter(case, trade_cores=True)
     except (ValueError, OSError) as exc:
         raise protocol.BadCase(f"duet: {exc}") from None
     iterations = int(round(work * (1 + slowdown)))

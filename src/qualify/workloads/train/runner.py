@@ -162,7 +162,7 @@ def _train(case, p: TrainParams, launcher: str, log: logging.Logger) -> dict[str
                                s.device, s.env, torch)
         engine, fixed, ckpt_counter = _build(s, log)
         # duet: rank 0 of each side meets the peer before each timed step (other ranks follow by collectives).
-        barrier = duet.enter(case) if s.rank == 0 else None
+        barrier = duet.enter(case, trade_cores=s.world == 1) if s.rank == 0 else None
         try:
             return _measure(s, engine, fixed, ckpt_counter, log, barrier)
         finally:
