@@ -295,6 +295,11 @@ def test_the_gate_judges_a_duet_case() -> None:
     assert slow.status == "FAIL" and "beyond 5%" in slow.message
     [edge] = judge(_duet_result(0.03, block_sd=0.03))
     assert edge.status == "INCOMPLETE" and "undecided" in edge.message
+    assert "80 synchronized steps" in same.message
+    traded = _duet_result(0.0)
+    traded.environment["duet"]["pairs"] = [{"index": i, "traded_cores": True, "problem": None} for i in range(4)]
+    [same_traded] = judge(traded)
+    assert same_traded.status == "PASS" and "80 two-step units on traded cores" in same_traded.message
     # Measured paired (the node could not hold both sides): judged pair by pair, the reason said.
     fallback = ResultData(case_id=case.case_id, kind="train", status="passed", metrics={"tokens_per_s": 90.0},
                           samples={"per_launch.tokens_per_s": [90.0, 63.0, 117.0],
