@@ -86,6 +86,21 @@ MODES = ("history", "paired", "duet")
 CASES = {"identical": "train/same/base", "slowed": "train/slowed/base"}
 
 
+def case_seconds(db: str, run_id: int) -> dict[str, float]:
+    """Each case's execution seconds (its Ray task's wall time, both sides): the cost of one case, which a run's
+    wall time does not show when cases share the machine (history and paired cases of 1 CPU run two at a time
+    here; a duet case holds both cores)."""
+    from qualify.store import repo
+    from qualify.store.engine import open_database
+
+    engine, sessions = open_database(db, migrate=False)
+    try:
+        with sessions() as session:
+            return {row.case_id: float(row.exec_s or 0.0) for row in repo.case_results(session, run_id)}
+    finally:
+        engine.dispose()
+
+
 def case_figures(db: str, run_id: int) -> dict[str, int]:
     """Process launches per case of a run, both sides counted (candidate launches + paired or duet baseline's)."""
     from qualify.store import repo
@@ -158,6 +173,7 @@ def main() -> int:
         print(calibrate(out / "base.yaml", db, out, args.calibrate_runs, args.slowdown), flush=True)
     counts = {m: {c: {"P": 0, "I": 0, "F": 0} for c in CASES} for m in MODES}
     walls: dict[str, list[float]] = {m: [] for m in MODES}
+    case_s: dict[str, list[float]] = {m: [] for m in MODES}
     launches: dict[str, list[int]] = {m: [] for m in MODES}
     started = time.monotonic()
     done = 0
@@ -177,6 +193,8 @@ def main() -> int:
                 for case, call in calls.items():
                     counts[mode][case][call] += 1
                 figures = case_figures(db, outcome["run_id"])
+                seconds = case_seconds(db, outcome["run_id"])
+                case_s[mode] += [seconds.get(cid, 0.0) for cid in CASES.values()]
                 launches[mode] += [figures.get(cid, 0) for cid in CASES.values()]
                 walls[mode].append(wall)
                 changes = {r["case_id"]: r.get("figures", {}).get("estimate", r.get("figures", {}).get("ratio"))
@@ -199,6 +217,9 @@ def main() -> int:
         return f"{statistics.median(values):.{digits}f}" if values else "-"
 
     print(f"history run of the previous release: {base_wall:.0f} s; N = {done} repetitions", flush=True)
+    ratio = (f"; duet / history {statistics.median(case_s['duet']) / statistics.median(case_s['history']):.2f}"
+             if case_s["duet"] and case_s["history"] and statistics.median(case_s["history"]) > 0 else "")
+    print(f"median case execution s {'/'.join(med(case_s[m]) for m in MODES)} (h/p/d){ratio}", flush=True)
     print("; ".join(f"{m}: identical {pif(m, 'identical')}, slowed {pif(m, 'slowed')}" for m in MODES)
           + f"; median launches {'/'.join(med(launches[m]) for m in MODES)}"
           + f"; median wall s {'/'.join(med(walls[m]) for m in MODES)}")
