@@ -223,7 +223,8 @@ def test_sides_that_trade_cores_every_step_are_compared_two_steps_at_a_time() ->
     cand = side([1.1 * core[k % 2] * (2 if k % 2 else 1) for k in range(8)])
     base = side([1.0 * core[(k + 1) % 2] * (1 if k % 2 else 2) for k in range(8)])
     cand["environment"]["duet"]["runq_wait_s"] = [w * t for w, t in zip(burned, cand["samples"]["step_time_s"])]
-    base["environment"]["duet"]["runq_wait_s"] = [w * t for w, t in zip(burned[1:] + [0.0], base["samples"]["step_time_s"])]
+    base_burned = burned[1:] + [0.0]  # the baseline is on core 1 at even steps
+    base["environment"]["duet"]["runq_wait_s"] = [w * t for w, t in zip(base_burned, base["samples"]["step_time_s"])]
     got = duet.pair_log_ratios(cand, base)
     assert got.disturbed == 0 and got.problem is None and got.ratios == pytest.approx([math.log(1.1)] * 4)
 

@@ -202,7 +202,7 @@ def traded(doc: Mapping[str, Any]) -> bool:
 
 def runq_shares(doc: Mapping[str, Any]) -> list[float] | None:
     """A side's run-queue wait as a share of each timed step; None where its workload did not measure it."""
-    times = [float(x) for x in (doc.get("samples") or {}).get(STEP_SERIES) or []]
+    times = [float(x) for x in _steps(doc)]
     raw = _side_report(doc).get("runq_wait_s")
     if not isinstance(raw, list) or len(raw) != len(times) or not all(isinstance(x, (int, float)) for x in raw):
         return None
@@ -214,8 +214,9 @@ def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRat
     cores: the mean of steps 2j and 2j+1, one on each core set, which cancels what the cores' neighbours do):
     the steps a side ran alone (its peer gone) are left out, and without trades the disturbed steps (a side
     waited on a run queue for more than CLEAN_RUNQ_SHARE of it) too; the whole pair is, when fewer than
-    MIN_CLEAN_SHARE of its steps are clean. Leaving steps out by the run-queue wait cannot hide a regression: a candidate whose own threads
-    keep its step waiting for a CPU has no clean steps, and its case is never PASS (INCOMPLETE, with why)."""
+    MIN_CLEAN_SHARE of its steps are clean. Leaving steps out by the run-queue wait cannot hide a regression:
+    a candidate whose own threads keep its step waiting for a CPU has no clean steps, and its case is never
+    PASS (INCOMPLETE, with why)."""
     c = [float(x) for x in (cand.get("samples") or {}).get(STEP_SERIES) or []]
     b = [float(x) for x in (base.get("samples") or {}).get(STEP_SERIES) or []]
     if not c or not b:
@@ -305,7 +306,8 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
         base_s.append(run.base[1])
         got = pair_log_ratios(run.cand[0], bdoc)
         pr, why = got.ratios, got.problem
-        pairs.append({"disturbed_units": got.disturbed, "index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
+        pairs.append({"index": index, "candidate_side": cs, "candidate_cpus": list(plan.cpus[cs]),
+                      "disturbed_units": got.disturbed,
                       "baseline_cpus": list(plan.cpus[1 - cs]), "candidate_gpus": list(plan.gpus[cs]),
                       "baseline_gpus": list(plan.gpus[1 - cs]),
                       "steps": min(len(_steps(run.cand[0])), len(_steps(bdoc))),
@@ -346,7 +348,8 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
     if merged.get("status") == "passed" and problem is None:
         merged["samples"].update({LOG_RATIO: ratios, PAIR: pair_of, CANDIDATE_SIDE: sides})
     merged["environment"]["duet"] = {
-        "baseline": label, "mode": "duet", "reason": problem, "busy": busy, "pairs": pairs, "pairs_planned": planned_pairs(case_doc),
+        "baseline": label, "mode": "duet", "reason": problem, "busy": busy, "pairs": pairs,
+        "pairs_planned": planned_pairs(case_doc),
         "pairs_budget": budget, "sides": {"cpus": [list(c) for c in plan.cpus], "gpus": [list(g) for g in plan.gpus]},
         "step_start_skew_s_max": max((p["step_start_skew_s"] for p in pairs
                                       if p["step_start_skew_s"] is not None), default=None)}
