@@ -18,6 +18,9 @@ RECOMMENDED_MAX_REGRESSION = 0.05
 RECOMMENDED_ALPHA = 0.05
 RECOMMENDED_MIN_SAMPLES = 3
 RECOMMENDED_MAX_LAUNCHES = 8
+# Timed steps of each side's launch in a duet (execution.duet.with_duet_steps; measured on this machine by
+# benchmarks/paired_vs_history.py): what a launch pair's summary needs to be steady, not what a case needs.
+RECOMMENDED_DUET_STEPS = 24
 
 METRICS: dict[str, Direction] = {
     # training

@@ -263,6 +263,7 @@ def test_slowdown_is_extra_matmuls_sized_to_the_step(run_case):
     # sleep; the units are the fraction times the median round's step / matmul ratio.
     assert env["slowdown"] == 0.5 and env["slowdown_units"] >= 1 and env["slowdown_unit_s"] > 0
     assert "matmul" in env["slowdown_work"]
+    assert env["slowdown_clock"] == "thread_cpu"  # one CPU thread: sized on its CPU time, which a neighbour moves not
     rounds = env["slowdown_sizing"]
     assert len(rounds) == 3 and all(r > 0 for r in rounds)
     assert abs(env["slowdown_units"] - 0.5 * sorted(rounds)[1]) <= 1
@@ -301,6 +302,8 @@ def test_a_training_duet_pins_each_side_and_starts_each_step_together(train_env,
         # step's wait for a CPU was recorded.
         assert report["traded_cores"] and report["on_own_cpus"] == [True, False] * 4
         assert len(report["runq_wait_s"]) == 8
+        # and the CPU its other threads used meanwhile: what bounds the wait its own threads can have caused
+        assert len(report["other_threads_cpu_s"]) == 8 and all(x >= 0 for x in report["other_threads_cpu_s"])
     gaps = [abs(a - b) for a, b in zip(docs[0]["environment"]["duet"]["step_starts"],
                                        docs[1]["environment"]["duet"]["step_starts"])]
     assert max(gaps) < 0.25, gaps  # step k started together (a tiny-llama step is ~0.1-1 s here)

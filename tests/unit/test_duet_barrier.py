@@ -122,6 +122,38 @@ def test_each_timed_step_records_how_long_it_waited_for_a_cpu(tmp_path: Path) ->
         assert waits is not None and len(waits) == 5 and all(w >= 0 for w in waits)
 
 
+def test_each_timed_step_records_the_cpu_its_process_other_threads_used(tmp_path: Path) -> None:
+    # What bounds the run-queue wait a side's own threads can cause (execution/duet.held_step_times): a step in
+    # which another thread of the process computes records that thread's CPU time; a quiet step records ~none.
+    duet.make_barrier_dir(str(tmp_path))
+    out: dict = {}
+    peer = threading.Thread(target=_side, args=(tmp_path, 1, 2, out, 0.0))  # waits in select: no CPU of its own
+    peer.start()
+    barrier = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 0, (), timeout_s=30))
+    try:
+        barrier.wait()
+        spinner = threading.Thread(target=_spin_cpu, args=(0.05,))
+        spinner.start()
+        spinner.join()
+        barrier.done()
+        barrier.wait()
+        time.sleep(0.05)
+        barrier.done()
+    finally:
+        barrier.close()
+        peer.join(30)
+    other = barrier.report()["other_threads_cpu_s"]
+    assert other is not None and len(other) == 2
+    assert other[0] >= 0.045 and other[1] < 0.5 * other[0], other
+
+
+def _spin_cpu(seconds: float) -> None:
+    """Use this much CPU time of this thread (however long the machine makes it take)."""
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="trading cores needs two")
 def test_a_side_trades_cores_with_its_peer_every_step(tmp_path: Path) -> None:
     duet.make_barrier_dir(str(tmp_path))

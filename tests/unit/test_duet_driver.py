@@ -116,6 +116,47 @@ def test_both_sides_run_at_once_and_swap_cores_between_launch_pairs() -> None:
     assert math.exp(blocks[0].summary) == pytest.approx(1.1, rel=0.02)
 
 
+@pytest.mark.parametrize("params, min_steps, steps", [
+    ({"steps": 6, "repeats": 1}, 32, 32),     # raised to the duet's minimum
+    ({"steps": 6, "repeats": 2}, 32, 16),     # steps x repeats, not steps alone
+    ({"steps": 5, "repeats": 3}, 32, 12),     # 11 x 3 = 33 is odd: the traded units are two steps
+    ({"steps": 40, "repeats": 1}, 32, 40),    # a case that times more keeps its own
+    ({"steps": 6}, 0, 6),                     # 0: the case's own steps
+])
+def test_a_duet_launch_times_at_least_the_duet_steps(params, min_steps, steps) -> None:  # type: ignore[no-untyped-def]
+    doc = {**CASE, "params": params}
+    out = duet.with_duet_steps(doc, min_steps)
+    assert out["params"]["steps"] == steps
+    assert doc["params"] == params  # the case's own document is left alone
+    assert duet.with_duet_steps({**CASE, "params": {"samples": {"x": [1.0]}}}, 32)["params"] == {"samples": {"x": [1.0]}}
+
+
+def test_both_sides_of_a_duet_run_the_duet_steps_and_the_record_says_so() -> None:
+    sides = Sides()
+    policy = duet.DuetPolicy(max_regression=0.05, alpha=0.05, max_pairs=4, min_steps=20)
+    case = {**CASE, "params": {"steps": 6, "repeats": 1}}
+    seen: list[int] = []
+
+    def counting(launch):  # type: ignore[no-untyped-def]
+        def run(doc, gpus):  # type: ignore[no-untyped-def]
+            seen.append(doc["params"]["steps"])
+            return launch(doc, gpus)
+        return run
+
+    merged = duet.run_duet(case, case, PLAN, counting(sides.launch("cand")), counting(sides.launch("base")),
+                           label="prev", timeout_s=60, policy=policy)
+    assert seen and set(seen) == {20}  # the candidate's and the baseline's launches alike
+    record = merged["environment"]["duet"]
+    assert (record["timed_steps_per_launch"], record["case_timed_steps"]) == (20, 6)
+
+
+def test_the_manifests_duet_steps_reach_the_duet_policy() -> None:
+    rel = make_release(gate_extra={"regression": {**DUET["regression"], "duet_steps": 48}})
+    [case, *_] = expand(rel)
+    policy = duet.duet_choice(rel, case, infeasible=lambda r: None)
+    assert isinstance(policy, duet.DuetPolicy) and policy.min_steps == 48
+
+
 def test_a_failing_baseline_ends_the_duet_with_the_reason() -> None:
     sides = Sides(fail_base_at=1)
     merged = duet.run_duet(CASE, CASE, PLAN, sides.launch("cand"), sides.launch("base"), label="prev", timeout_s=60)
@@ -227,6 +268,44 @@ def test_sides_that_trade_cores_every_step_are_compared_two_steps_at_a_time() ->
     base["environment"]["duet"]["runq_wait_s"] = [w * t for w, t in zip(base_burned, base["samples"]["step_time_s"])]
     got = duet.pair_log_ratios(cand, base)
     assert got.disturbed == 0 and got.problem is None and got.ratios == pytest.approx([math.log(1.1)] * 4)
+
+
+def _traded(times: list[float], waits: list[float], others: list[float] | None = None) -> dict[str, Any]:
+    report: dict[str, Any] = {"traded_cores": True, "on_own_cpus": [k % 2 == 0 for k in range(len(times))],
+                              "runq_wait_s": waits}
+    if others is not None:
+        report["other_threads_cpu_s"] = others
+    return {"samples": {"step_time_s": times}, "environment": {"duet": report}}
+
+
+def test_traded_units_are_compared_on_the_time_each_step_held_its_cpu() -> None:
+    # The candidate's step holds its CPU for 1.1 s, the baseline's for 1.0 s. A burner that the scheduler moves
+    # between the two cores lands on the two steps of each unit unevenly: a step it shares waits half its time.
+    rng = random.Random(3)
+    burned_c = [rng.random() < 0.5 for _ in range(8)]
+    burned_b = [rng.random() < 0.5 for _ in range(8)]
+    c_t = [1.1 * (2 if x else 1) for x in burned_c]
+    b_t = [1.0 * (2 if x else 1) for x in burned_b]
+    c_w = [1.1 if x else 0.0 for x in burned_c]
+    b_w = [1.0 if x else 0.0 for x in burned_b]
+    held = duet.pair_log_ratios(_traded(c_t, c_w, [0.0] * 8), _traded(b_t, b_w, [0.0] * 8))
+    assert held.held and held.ratios == pytest.approx([math.log(1.1)] * 4)  # the burner is gone
+    # On wall times (a side that did not record its other threads' CPU) the units carry where the burner sat.
+    wall = duet.pair_log_ratios(_traded(c_t, c_w), _traded(b_t, b_w, [0.0] * 8))
+    assert not wall.held and max(abs(r - math.log(1.1)) for r in wall.ratios) > 0.2
+
+
+def test_a_wait_the_candidates_own_threads_can_have_caused_is_never_removed() -> None:
+    # The candidate's own extra thread computes beside its step on its core: its step waits 0.5 s of 1.5 s for a
+    # CPU in every step, and that thread used 0.5 s of CPU meanwhile. The wait is the candidate's cost: it stays.
+    own = duet.pair_log_ratios(_traded([1.5] * 8, [0.5] * 8, [0.5] * 8), _traded([1.0] * 8, [0.0] * 8, [0.0] * 8))
+    assert own.ratios == pytest.approx([math.log(1.5)] * 4)
+    # Only the wait beyond the other threads' CPU is a neighbour's: 0.5 s waited, 0.2 s of it its own threads'.
+    assert duet.held_step_times(_traded([1.5], [0.5], [0.2])) == pytest.approx([1.2])
+    # Never more than HELD_MAX_REMOVED of a step; malformed records are not used.
+    assert duet.held_step_times(_traded([1.0], [5.0], [0.0])) == pytest.approx([1.0 - duet.HELD_MAX_REMOVED])
+    assert duet.held_step_times(_traded([1.0], [-1.0], [0.0])) is None
+    assert duet.held_step_times(_traded([1.0, 1.0], [0.1], [0.0])) is None
 
 
 def test_the_driver_gives_cpu_sides_each_others_cores_to_trade_and_gpu_sides_none() -> None:

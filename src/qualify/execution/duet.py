@@ -57,6 +57,7 @@ class DuetPolicy:
     max_regression: float
     alpha: float
     max_pairs: int
+    min_steps: int = 0  # gate.regression.duet_steps: timed steps of each side's launch, at least (0: the case's)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,39 @@ def plan_sides(available_cpus: Sequence[int], cpus_per_side: float, gpu_ids: Seq
 
 def _span(cores: Sequence[int]) -> str:
     return ",".join(str(c) for c in cores) or "none"
+
+
+def with_duet_steps(doc: Mapping[str, Any], min_steps: int) -> dict[str, Any]:
+    """The case document with at least `min_steps` timed steps per launch (steps x repeats, an even count: the
+    traded units are two steps), for a workload that times steps (params.steps); the same for both sides.
+
+    Why a duet takes more steps than the case: the launch pair is the block, and its summary is only as steady as
+    its steps are many. A launch's fixed cost (interpreter, imports, model build, warm-up: about 7 s of a tiny
+    training launch here) is paid whatever it measures, while a timed step costs a tenth of a second; six steps
+    give a pair three traded units, whose median moved by +-8% between pairs of identical code on this machine."""
+    out = dict(doc)
+    params = dict(out.get("params") or {})
+    steps = params.get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1 or min_steps < 1:
+        return out
+    repeats = params.get("repeats", 1)
+    repeats = repeats if isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1 else 1
+    want = max(steps, math.ceil(min_steps / repeats))
+    if (want * repeats) % 2:
+        want += 1
+    if want != steps:
+        params["steps"] = want
+        out["params"] = params
+    return out
+
+
+def timed_steps(doc: Mapping[str, Any]) -> int | None:
+    """The timed steps of one launch of this case document (steps x repeats), or None when it times none."""
+    params = doc.get("params") or {}
+    steps, repeats = params.get("steps"), params.get("repeats", 1)
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        return None
+    return steps * (repeats if isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1 else 1)
 
 
 def candidate_side(pair: int) -> int:
@@ -172,6 +206,8 @@ def run_pair(index: int, count: int, case_doc: Mapping[str, Any], baseline_doc: 
 # a few ms now and then, which matters only for steps of a few tens of ms); a neighbour that shares a side's
 # core (a CPU burner, a second job) costs it a third to a half of every step.
 CLEAN_RUNQ_SHARE = 0.10
+# held_step_times removes at most this share of a step (a burner beside a side takes about half of its core).
+HELD_MAX_REMOVED = 0.8
 # A pair with fewer clean steps than this share is left out of the interval (the runner's looks then run more
 # pairs): its ratio would say where the neighbour sat, not what the candidate costs.
 MIN_CLEAN_SHARE = 0.5
@@ -186,6 +222,7 @@ class PairRatios:
     disturbed: int  # of those, units with a neighbour on a side's core (only without trades)
     problem: str | None
     runq_share: tuple[float | None, float | None] = (None, None)  # (candidate, baseline): median share of a step
+    held: bool = False  # traded units compared on held step times (held_step_times): the neighbours' share removed
 
 
 def _steps(doc: Mapping[str, Any]) -> list[Any]:
@@ -200,6 +237,30 @@ def traded(doc: Mapping[str, Any]) -> bool:
         all(o == (k % 2 == 0) for k, o in enumerate(own))
 
 
+def held_step_times(doc: Mapping[str, Any]) -> list[float] | None:
+    """Each timed step's time with its CPU held: the step's time less the part of its run-queue wait that no thread
+    of its own process can have caused (the wait beyond the CPU time its other threads used in that step). None
+    where the side did not record both (then its step times are compared as they are).
+
+    Why: a neighbour that shares a core takes about half of it from whichever release runs there, and a burner that
+    the scheduler moves between the two vCPUs every step or so (it does, as the sides re-pin at each trade) lands
+    on the two steps of a traded unit unevenly: units of identical code then ranged over +-0.6 in log time and the
+    pairs' medians by 0.02 (benchmarks/paired_vs_history.py's burner; the time a step's thread held its CPU
+    stayed within a few percent). What is removed cannot hide a regression of the candidate's own: a wait that its
+    own threads caused is bounded by their CPU time, which is never removed; a step that waits for a lock, the
+    disk or a device is not waiting on a run queue and keeps its time."""
+    times = [float(x) for x in _steps(doc)]
+    report = _side_report(doc)
+    waits, others = report.get("runq_wait_s"), report.get("other_threads_cpu_s")
+    if not all(isinstance(v, list) and len(v) == len(times) and
+               all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                   for x in v) for v in (waits, others)):
+        return None
+    assert isinstance(waits, list) and isinstance(others, list)
+    # Never more than HELD_MAX_REMOVED of a step: a step whose thread waited nearly all of it says little.
+    return [t - min(HELD_MAX_REMOVED * t, max(0.0, float(w) - float(o))) for t, w, o in zip(times, waits, others)]
+
+
 def runq_shares(doc: Mapping[str, Any]) -> list[float] | None:
     """A side's run-queue wait as a share of each timed step; None where its workload did not measure it."""
     times = [float(x) for x in _steps(doc)]
@@ -211,7 +272,8 @@ def runq_shares(doc: Mapping[str, Any]) -> list[float] | None:
 
 def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRatios:
     """Per-step log(candidate time / baseline time) of one launch pair, step k with step k (sides that traded
-    cores: the mean of steps 2j and 2j+1, one on each core set, which cancels what the cores' neighbours do):
+    cores: the mean of steps 2j and 2j+1, one on each core set, which cancels what the cores' neighbours do, on
+    the steps' held times where both sides recorded them, held_step_times):
     the steps a side ran alone (its peer gone) are left out, and without trades the disturbed steps (a side
     waited on a run queue for more than CLEAN_RUNQ_SHARE of it) too; the whole pair is, when fewer than
     MIN_CLEAN_SHARE of its steps are clean. Leaving steps out by the run-queue wait cannot hide a regression:
@@ -231,6 +293,11 @@ def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRat
     # Sides that traded cores every step are compared two steps at a time (each release once on each core set):
     # the mean log ratio of steps 2j and 2j+1 cancels the two core sets' difference at that moment.
     width = 2 if traded(cand) and traded(base) else 1
+    held_c, held_b = (held_step_times(cand), held_step_times(base)) if width == 2 else (None, None)
+    held = held_c is not None and held_b is not None
+    if held:
+        assert held_c is not None and held_b is not None
+        c, b = held_c, held_b
     clean, disturbed = [], 0
     for k in range(0, stop - width + 1, width):
         span = range(k, k + width)
@@ -251,7 +318,7 @@ def pair_log_ratios(cand: Mapping[str, Any], base: Mapping[str, Any]) -> PairRat
                           f"{disturbed} of {steps} {'step pairs' if width == 2 else 'steps'} had a neighbour on a "
                           f"side's core (a side waited for a CPU "
                           f"more than {CLEAN_RUNQ_SHARE:.0%} of the step): the pair is left out", medians)
-    return PairRatios(clean, steps, disturbed, None, medians)
+    return PairRatios(clean, steps, disturbed, None, medians, held)
 
 
 def _side_report(doc: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -276,6 +343,10 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
 
     count = planned_pairs(case_doc)
     budget = max(count, policy.max_pairs if policy else count)
+    case_steps = timed_steps(case_doc)
+    if policy is not None and policy.min_steps:
+        case_doc = with_duet_steps(case_doc, policy.min_steps)
+        baseline_doc = with_duet_steps(baseline_doc, policy.min_steps)
     # The two sides' launch documents and seconds, as run_paired keeps them (merged the same way below).
     cand_docs, base_docs = [], []
     cand_s, base_s = [], []
@@ -312,6 +383,7 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
                       "baseline_gpus": list(plan.gpus[1 - cs]),
                       "steps": min(len(_steps(run.cand[0])), len(_steps(bdoc))),
                       "traded_cores": traded(run.cand[0]) and traded(bdoc), "units": got.steps,
+                      "held_times": got.held,
                       "clean_units": len(pr),
                       "candidate_runq_share": got.runq_share[0], "baseline_runq_share": got.runq_share[1],
                       "problem": why,
@@ -350,6 +422,7 @@ def run_duet(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any], plan:
     merged["environment"]["duet"] = {
         "baseline": label, "mode": "duet", "reason": problem, "busy": busy, "pairs": pairs,
         "pairs_planned": planned_pairs(case_doc),
+        "timed_steps_per_launch": timed_steps(case_doc), "case_timed_steps": case_steps,
         "pairs_budget": budget, "sides": {"cpus": [list(c) for c in plan.cpus], "gpus": [list(g) for g in plan.gpus]},
         "step_start_skew_s_max": max((p["step_start_skew_s"] for p in pairs
                                       if p["step_start_skew_s"] is not None), default=None)}
@@ -457,7 +530,7 @@ class CoreClaim:
 
 def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc: Mapping[str, Any],
                   max_regression: float, alpha: float,
-                  infeasible: Callable[[Resources], str | None]) -> DuetPolicy | str:
+                  infeasible: Callable[[Resources], str | None], min_steps: int = 0) -> DuetPolicy | str:
     """On the driver: the duet policy for this case, or why it is measured paired instead (said in its result)."""
     reason = unsupported_reason(kind, executor_kind)
     if reason:
@@ -468,7 +541,7 @@ def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc:
     from qualify.gate.duet_stats import Looks  # the gate's own look schedule: imported late, no cycle
 
     return DuetPolicy(max_regression=max_regression, alpha=alpha,
-                      max_pairs=Looks.for_planned(planned_pairs(case_doc)).budget)
+                      max_pairs=Looks.for_planned(planned_pairs(case_doc)).budget, min_steps=min_steps)
 
 
 def duet_choice(manifest: Any, case: Any, infeasible: Callable[[Resources], str | None]) -> DuetPolicy | str | None:
@@ -478,4 +551,4 @@ def duet_choice(manifest: Any, case: Any, infeasible: Callable[[Resources], str 
     if reg.baseline != "duet":
         return None
     return driver_choice(case.kind, manifest.execution.executor, case.resources, case.document(),
-                         reg.max_regression, reg.alpha, infeasible)
+                         reg.max_regression, reg.alpha, infeasible, min_steps=reg.duet_steps)

@@ -189,6 +189,7 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                     f"{_pct(interval.upper)}] (one-sided {1 - look_alpha:.1%} at this look, {interval.n} launch pairs, "
                     + (f"{interval.steps} two-step units on traded cores" if ran and all(
                         p.get("traded_cores") for p in ran) else f"{interval.steps} synchronized steps")
+                    + (", neighbours' CPU time removed" if ran and all(p.get("held_times") for p in ran) else "")
                     + f"; {side}"
                     + (f"; {len(left_out)} pair(s) left out: {left_out[0]['problem']}" if left_out else "") + ")")
             if call == duet_stats.DuetCall.PASS:

@@ -76,6 +76,10 @@ class RegressionPolicy(Strict):
     min_samples: int = Field(default=metric_info.RECOMMENDED_MIN_SAMPLES, ge=2, le=20)
     # The budget: an undecided comparison gets more launches (pairs) up to this many, then is INCOMPLETE.
     max_launches: int = Field(default=metric_info.RECOMMENDED_MAX_LAUNCHES, ge=2, le=20)
+    # duet: each side's launch times at least this many steps (steps x repeats, rounded up to an even count),
+    # whatever the case's own steps: the launch pair is the block, and a block of few steps is a noisy one
+    # (execution.duet.with_duet_steps). Other modes ignore it.
+    duet_steps: int = Field(default=metric_info.RECOMMENDED_DUET_STEPS, ge=2, le=10_000)
     enabled: bool = True
 
     @model_validator(mode="before")

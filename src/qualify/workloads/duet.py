@@ -29,8 +29,10 @@ put each release on each core once, and their mean log ratio cancels the cores' 
 pairs them). The sides still swap their starting cores between launch pairs.
 
 Each side also records, per timed step, how long its thread waited on a run queue for a CPU
-(`runq_wait_s`, from /proc/thread-self/schedstat): the time a neighbour (another process on its core) held
-its CPU. The driver uses it to tell a step measured under a neighbour from a clean one.
+(`runq_wait_s`, from /proc/thread-self/schedstat): the time something else held its CPU. And the CPU time the
+process's other threads used in that step (`other_threads_cpu_s`: process CPU time less this thread's), which
+bounds how much of that wait the side's own threads can have caused. The driver takes the rest away from the
+step's time (execution/duet.held_step_times): a neighbour's share of a core is not the release's cost.
 
 The barrier is a pair of FIFOs in a directory both sides reach (`to0`, `to1`, made by the driver): a side
 writes the step number into its peer's FIFO and blocks (select, with a timeout) on its own until the peer's
@@ -116,6 +118,7 @@ class StepBarrier:
     alone_reason: str | None = None
     trade: bool = False  # trade cores with the peer every step (enter(trade_cores=True) with peer_cpus)
     on_own_cpus: list[bool] = field(default_factory=list)  # per timed step: on this side's cpu set, or the peer's
+    other_threads_cpu_s: list[float] = field(default_factory=list)  # per timed step: the process's other threads
 
     def __post_init__(self) -> None:
         # O_RDWR: never blocks on open, and a read end stays open while we hold it (no EOF when the peer closes).
@@ -123,6 +126,7 @@ class StepBarrier:
         self._outbox = os.open(os.path.join(self.spec.dir, f"to{1 - self.spec.side}"), os.O_RDWR)
         self._step = 0
         self._runq_at_start: float | None = None
+        self._cpu_at_start: tuple[float, float] | None = None  # (process, this thread) CPU time at the step start
         self._pinned = sorted(os.sched_getaffinity(0))  # read back after enter() pinned: the side's own set
 
     def wait(self, filler: Callable[[], object] | None = None) -> float:
@@ -154,10 +158,15 @@ class StepBarrier:
         start = time.time()
         self.step_starts.append(start)
         self._runq_at_start = runq_wait_s()
+        self._cpu_at_start = (time.process_time(), time.thread_time())
         return start
 
     def _close_step(self) -> None:
         """The step that just ended (arrival at the next barrier, or the end): its run-queue wait."""
+        if self._cpu_at_start is not None:
+            process0, thread0 = self._cpu_at_start
+            self.other_threads_cpu_s.append(max(0.0, (time.process_time() - process0) - (time.thread_time() - thread0)))
+            self._cpu_at_start = None
         if self._runq_at_start is not None:
             now = runq_wait_s()
             if now is not None:
@@ -205,7 +214,9 @@ class StepBarrier:
                 "wait_s_median": sorted(self.waits_s)[len(self.waits_s) // 2] if self.waits_s else None,
                 "busy_wait": self.filler_units > 0, "filler_units": self.filler_units,
                 "traded_cores": self.trade, "on_own_cpus": list(self.on_own_cpus) if self.trade else None,
-                "runq_wait_s": list(self.runq_wait_s) if len(self.runq_wait_s) == len(self.step_starts) else None}
+                "runq_wait_s": list(self.runq_wait_s) if len(self.runq_wait_s) == len(self.step_starts) else None,
+                "other_threads_cpu_s": list(self.other_threads_cpu_s)
+                if len(self.other_threads_cpu_s) == len(self.step_starts) else None}
 
 
 def runq_wait_s() -> float | None:

@@ -365,6 +365,7 @@ class ExtraWork:
         self.b = torch.randn(self.SIZE, self.SIZE, generator=gen).to(device)
         self.sink = 0.0
         self.sizing: list[float] = []  # per sizing round: the step's time over one matmul's
+        self.clock = "wall"  # what the sizing rounds timed: wall time, or the one CPU thread's time
 
     @classmethod
     def sized(cls, torch, device, fraction: float, step: Callable[[], float], rounds: int = 3) -> "ExtraWork":
@@ -376,7 +377,11 @@ class ExtraWork:
         matmul's cost was the fastest of 30 single matmuls (15 ms in all) and the step's the fastest of three
         steps, the two saw different neighbours, and the "10% slower" copy of a benchmark was 4% to 17% slower
         from one launch to the next (issue 23). A round's step and block share their neighbour, and the median
-        of three rounds drops one that did not."""
+        of three rounds drops one that did not. On one CPU thread both are read as that thread's CPU time: a
+        neighbour that takes half the core for a while (a burner) then moves neither, where it moved the wall-time
+        ratio by whatever it overlapped (the benchmark's burner made a 10% copy 7-9% slower)."""
+        on_cpu = device.type == "cpu" and torch.get_num_threads() == 1
+        clock = time.thread_time if on_cpu else time.perf_counter
         work = cls(torch, device, 1, 0.0, fraction)
         work.run()  # warm-up
         singles = []
@@ -386,17 +391,20 @@ class ExtraWork:
             singles.append(time.perf_counter() - t0)
         ratios, unit_times = [], []
         for _ in range(rounds):
+            t0 = clock()
             step_s = step()
+            step_s = clock() - t0 if on_cpu else step_s
             block = max(1, round(step_s / max(min(singles), 1e-7)))
             work.units = block
-            t0 = time.perf_counter()
+            t0 = clock()
             work.run()
-            unit_s = (time.perf_counter() - t0) / block
+            unit_s = (clock() - t0) / block
             unit_times.append(unit_s)
             ratios.append(step_s / unit_s if unit_s > 0 else 0.0)
         work.unit_s = statistics.median(unit_times)
         work.units = max(1, round(fraction * statistics.median(ratios)))
         work.sizing = ratios
+        work.clock = "thread_cpu" if on_cpu else "wall"
         return work
 
     def run(self) -> None:
@@ -408,7 +416,7 @@ class ExtraWork:
     def describe(self) -> dict[str, Any]:
         return {"slowdown": self.fraction, "slowdown_units": self.units, "slowdown_unit_s": self.unit_s,
                 "slowdown_work": f"{self.units} x {self.SIZE}x{self.SIZE} matmul per step",
-                "slowdown_sizing": [round(r, 2) for r in self.sizing]}
+                "slowdown_sizing": [round(r, 2) for r in self.sizing], "slowdown_clock": self.clock}
 
 
 class _Evidence:
