@@ -107,11 +107,10 @@ def with_duet_steps(doc: Mapping[str, Any], min_steps: int) -> dict[str, Any]:
     give a pair three traded units, whose median moved by +-8% between pairs of identical code on this machine."""
     out = dict(doc)
     params = dict(out.get("params") or {})
-    steps = params.get("steps")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1 or min_steps < 1:
+    steps = _count(params.get("steps"))
+    if steps is None or min_steps < 1:
         return out
-    repeats = params.get("repeats", 1)
-    repeats = repeats if isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1 else 1
+    repeats = _count(params.get("repeats", 1)) or 1
     want = max(steps, math.ceil(min_steps / repeats))
     if (want * repeats) % 2:
         want += 1
@@ -124,10 +123,13 @@ def with_duet_steps(doc: Mapping[str, Any], min_steps: int) -> dict[str, Any]:
 def timed_steps(doc: Mapping[str, Any]) -> int | None:
     """The timed steps of one launch of this case document (steps x repeats), or None when it times none."""
     params = doc.get("params") or {}
-    steps, repeats = params.get("steps"), params.get("repeats", 1)
-    if not isinstance(steps, int) or isinstance(steps, bool):
-        return None
-    return steps * (repeats if isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1 else 1)
+    steps = _count(params.get("steps"))
+    return None if steps is None else steps * (_count(params.get("repeats", 1)) or 1)
+
+
+def _count(value: Any) -> int | None:
+    """A positive count from a case's params, or None (the workload itself names a bad one)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def candidate_side(pair: int) -> int:
