@@ -87,6 +87,52 @@ def test_a_real_duet_through_ray_synchronizes_steps_and_swaps_cores(monkeypatch:
     assert all(p["clean_units"] >= 3 or p["problem"] for p in pairs)
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="duet needs two cores")
+def test_an_inference_case_runs_in_duet_through_ray_its_requests_as_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23 (coverage): an inference case on the transformers engine is measured in duet, not paired: real
+    torchao W8A16 on the tiny preset, each timed request a step both sides start together, the cores traded every
+    request, the sides swapped between launch pairs, at least the duet's steps per launch (more repeats of the same
+    requests), and an interval on identical code."""
+    import shutil
+    import tempfile
+
+    from qualify.execution.duet import DuetPolicy, blocks_from_samples
+    from qualify.execution.ray import run_case_on_ray, start_ray
+    from qualify.executors import LocalExecutor
+    from qualify.gate.duet_stats import duet_interval
+    from qualify.manifest import Resources
+
+    doc = {"protocol": 1, "case_id": "infer/tiny-qwen3/w8a16", "kind": "infer", "launches": 3, "timeout_s": 300,
+           "params": {"model": "tiny-qwen3", "scheme": "w8a16", "num_threads": 1, "num_prompts": 4, "repeats": 1,
+                      "max_new_tokens": 8, "probes": []}, "env": {}}
+    temp = tempfile.mkdtemp(prefix="qd-")  # short: Ray's socket paths must stay under 108 bytes
+    monkeypatch.setenv("QUALIFY_RAY_TEMP", temp)
+    handle = start_ray(num_cpus=2)
+    try:
+        out = run_case_on_ray(LocalExecutor(), copy.deepcopy(doc), Resources(cpus=1), 300, baseline=LocalExecutor(),
+                              baseline_doc=copy.deepcopy(doc),
+                              duet=DuetPolicy(max_regression=0.05, alpha=0.05, max_pairs=4, min_steps=8))
+    finally:
+        handle.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    result = out.doc
+    assert result["status"] == "passed", result.get("error")
+    record = result["environment"]["duet"]
+    assert record["mode"] == "duet" and record["reason"] is None, record.get("reason")
+    assert record["timed_steps_per_launch"] == 8 and record["case_timed_steps"] == 4  # 4 requests x 2 repeats
+    pairs = record["pairs"]
+    assert [p["candidate_side"] for p in pairs] == [0, 1, 0, 1]
+    for p in pairs:
+        assert p["steps"] == 8 and p["traded_cores"] and p["units"] == 4, p
+        assert p["step_start_skew_s"] is not None and p["step_start_skew_s"] < 0.25, p
+        assert p["candidate_affinity"] == p["candidate_cpus"] and p["baseline_affinity"] == p["baseline_cpus"]
+    interval = duet_interval(blocks_from_samples(result["samples"]))
+    assert interval is not None and interval.n == 4
+    # Identical code: the estimate is near zero (bounded loosely, for a loaded CI machine).
+    assert abs(interval.estimate) < 0.25, interval
+    assert result["metrics"]["output_tokens_per_s"] > 0
+
+
 def _manifest(path: Path, tag: str, previous: str | None, *, slowdown: float = 0.0, baseline: str = "duet",
               wide_cpus: int = 0) -> Path:
     params: dict[str, Any] = copy.deepcopy({**STEPS, **({"slowdown": slowdown} if slowdown else {})})

@@ -601,3 +601,67 @@ def test_gate_judges_the_real_int4_agreement_by_sequence(cases, minimum, status)
     [reason] = check_agreement(policy, [case], {case.case_id: result})
     assert reason.status == status, reason.message
     assert reason.figures["sequences"] == 157 and reason.figures["positions"] == 157 * 64
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a duet needs two cores")
+def test_an_inference_duet_starts_each_request_together_trades_cores_and_gives_the_driver_its_steps(tmp_path):
+    """Issue 23 (coverage): on the transformers engine a timed request is a duet step. Two real processes (later
+    launches: they only time), each pinned to its core, start request k together, trade cores every request and
+    record each request's time; the driver pairs them into two-step units (execution/duet.pair_log_ratios)."""
+    from qualify.execution import duet as driver_duet
+    from qualify.workloads import duet
+
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    duet.make_barrier_dir(str(barrier))
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    procs = []
+    params = {**BASE, "scheme": "w8a16", "probes": [], "num_prompts": 4, "repeats": 2}
+    for side in (0, 1):
+        case = protocol.make_case("infer/duet", "infer", params)
+        case["launch"] = {"index": 1, "of": 3}
+        case["duet"] = {"dir": str(barrier), "side": side, "cpus": [cores[side]], "peer_cpus": [cores[1 - side]],
+                        "timeout_s": 300}
+        procs.append(subprocess.Popen([sys.executable, "-m", "qualify.workloads.infer"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                      env={**os.environ, "PYTHONPATH": str(REPO / "src")}))
+        assert procs[-1].stdin is not None
+        procs[-1].stdin.write(json.dumps(case))
+        procs[-1].stdin.close()
+    docs = []
+    for proc in procs:
+        out = proc.stdout.read() if proc.stdout else ""
+        err = proc.stderr.read() if proc.stderr else ""
+        assert proc.wait(timeout=600) == 0, err[-3000:]
+        docs.append(protocol.parse_result_output(out))
+    for side, doc in enumerate(docs):
+        assert doc["status"] == "passed", doc["error"]
+        report = doc["environment"]["duet"]
+        assert report["side"] == side and report["affinity"] == [cores[side]] and report["alone_from_step"] is None
+        assert report["steps"] == 8 and len(doc["samples"]["step_time_s"]) == 8  # 4 requests x 2 repeats
+        assert report["traded_cores"] and report["on_own_cpus"] == [True, False] * 4
+        assert len(report["runq_wait_s"]) == 8 and len(report["other_threads_cpu_s"]) == 8
+        assert report["busy_wait"] or report["filler_units"] == 0  # a CPU side waits busy when it waits at all
+        # a repeat's token rate is over its requests' own times: 8 tokens x 4 requests over their summed time
+        rates = doc["samples"]["output_tokens_per_s"]
+        assert rates[0] == pytest.approx(32 / sum(doc["samples"]["step_time_s"][:4]), rel=1e-6)
+    gaps = [abs(a - b) for a, b in zip(docs[0]["environment"]["duet"]["step_starts"],
+                                       docs[1]["environment"]["duet"]["step_starts"])]
+    assert max(gaps) < 0.25, gaps  # request k started together on both sides
+    pair = driver_duet.pair_log_ratios(docs[0], docs[1])
+    assert pair.problem is None and pair.steps == 4 and len(pair.ratios) == 4  # two requests a unit
+    assert abs(sorted(pair.ratios)[1]) < 0.5  # identical code: no unit is off by a factor of 1.6
+
+
+def test_a_duet_section_on_an_engine_without_a_duet_hook_is_a_bad_case(tmp_path):
+    from qualify.workloads import duet
+
+    duet.make_barrier_dir(str(tmp_path))
+    case = protocol.make_case("infer/duet-vllm", "infer", {**BASE, "engine": "vllm", "scheme": "none"})
+    case["duet"] = {"dir": str(tmp_path), "side": 0, "cpus": [0]}
+    proc = subprocess.run([sys.executable, "-m", "qualify.workloads.infer"], input=json.dumps(case),
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    doc = protocol.parse_result_output(proc.stdout)
+    assert doc["status"] == "error" and doc["error_class"] == "bad_case"
+    assert "the vllm engine has no step both sides could start together" in doc["error"]

@@ -131,6 +131,23 @@ def test_a_duet_launch_times_at_least_the_duet_steps(params, min_steps, steps) -
     assert duet.with_duet_steps({**CASE, "params": {"samples": {"x": [1.0]}}}, 32)["params"] == {"samples": {"x": [1.0]}}
 
 
+@pytest.mark.parametrize("params, min_steps, repeats", [
+    ({"num_prompts": 8, "repeats": 3}, 24, 3),    # 8 requests x 3 repeats: already 24
+    ({"num_prompts": 8, "repeats": 1}, 24, 3),    # more repeats of the same requests
+    ({"num_prompts": 5, "repeats": 2}, 24, 6),    # 5 x 5 = 25 is odd: one more repeat
+    ({}, 40, 5),                                  # the workload's defaults: 8 prompts, 3 repeats
+    ({"num_prompts": 8, "repeats": 9}, 24, 9),    # a case that times more keeps its own
+])
+def test_an_inference_duet_launch_times_more_repeats_of_the_same_requests(params, min_steps, repeats
+                                                                          ) -> None:  # type: ignore[no-untyped-def]
+    doc = {"kind": "infer", "params": params}
+    out = duet.with_duet_steps(doc, min_steps)
+    assert out["params"].get("repeats", 3) == repeats
+    assert out["params"].get("num_prompts", 8) == params.get("num_prompts", 8)  # the prompts stay the case's
+    assert duet.timed_steps(out) == repeats * params.get("num_prompts", 8)
+    assert doc["params"] == params
+
+
 def test_both_sides_of_a_duet_run_the_duet_steps_and_the_record_says_so() -> None:
     sides = Sides()
     policy = duet.DuetPolicy(max_regression=0.05, alpha=0.05, max_pairs=4, min_steps=20)
@@ -340,7 +357,16 @@ def test_the_driver_sends_duet_only_where_it_can_run() -> None:
     assert isinstance(duet.driver_choice("train", "local", infeasible=lambda r: None, **args), duet.DuetPolicy)
     no_room = duet.driver_choice("train", "local", infeasible=lambda r: f"needs CPU={r.cpus:g}", **args)
     assert isinstance(no_room, str) and "no node can hold both sides (needs CPU=2)" in no_room
-    assert "no duet hook" in duet.driver_choice("infer", "local", infeasible=lambda r: None, **args)
+    # Inference: the transformers engine's requests are the duet's steps; vLLM batches in its own process.
+    infer = {"kind": "infer", "params": {"engine": "transformers", "scheme": "int8_weight_only"}}
+    assert isinstance(duet.driver_choice("infer", "local", infeasible=lambda r: None,
+                                         **{**args, "case_doc": infer}), duet.DuetPolicy)
+    assert isinstance(duet.driver_choice("infer", "local", infeasible=lambda r: None,
+                                         **{**args, "case_doc": {"kind": "infer", "params": {}}}), duet.DuetPolicy)
+    vllm = duet.driver_choice("infer", "local", infeasible=lambda r: None,
+                              **{**args, "case_doc": {"kind": "infer", "params": {"engine": "vllm"}}})
+    assert isinstance(vllm, str) and "the vllm inference engine has no duet hook" in vllm and "paired" in vllm
+    assert "no duet hook" in duet.driver_choice("probe", "local", infeasible=lambda r: None, **args)
     assert "container executor" in duet.driver_choice("train", "container", infeasible=lambda r: None, **args)
 
 

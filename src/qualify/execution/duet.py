@@ -22,8 +22,9 @@ core (pair_log_ratios) is left out of the interval and made up for by two more p
 Where duet cannot run, the case is measured paired (A B A B) and the result says why: the cluster has no node
 with both sides' resources (decided on the driver, pipeline), the node's cores cannot be split into two sets
 of the case's size, the executor cannot share the barrier directory (container), or the workload has no duet
-hook (inference: the vLLM engine batches requests in its own engine-core process, and there is no step both
-sides could start together; the transformers engine's generate loop could be, but is not hooked yet).
+hook (inference on the vLLM engine: it batches requests in its own engine-core process, and there is no step both
+sides could start together). An inference case on the transformers engine runs in duet: its timed requests are
+the steps (one request at a time, the same prompts and token count on both sides).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ from qualify.manifest import Resources
 from qualify.workloads import duet as wduet
 
 LOG_RATIO, PAIR, CANDIDATE_SIDE = rd.DUET_LOG_RATIO, rd.DUET_PAIR, rd.DUET_CANDIDATE_SIDE
-# Kinds whose workload waits at the barrier before each timed step (the others fall back to paired).
-DUET_KINDS = ("train", "synthetic")
+# Kinds whose workload waits at the barrier before each timed step (the others fall back to paired); an
+# inference case too, on an engine of workloads/infer/engines.DUET_ENGINES (unsupported_reason).
+DUET_KINDS = ("train", "synthetic", "infer")
 STEP_SERIES = "step_time_s"
 
 Launch = Callable[[dict[str, Any], Sequence[str]], tuple[dict[str, Any], float]]
@@ -97,34 +99,59 @@ def _span(cores: Sequence[int]) -> str:
     return ",".join(str(c) for c in cores) or "none"
 
 
+def _step_shape(doc: Mapping[str, Any]) -> tuple[str, int, str, int] | None:
+    """How a workload's timed steps are counted: (the per-repeat field, its count, the repeats field, its count),
+    or None when the document times no steps. Training and synthetic cases time `steps` per repeat; an inference
+    case times `num_prompts` requests per repeat (its defaults are the workload's own)."""
+    params = doc.get("params") or {}
+    if doc.get("kind") == "infer":
+        from qualify.workloads.infer.params import InferParams  # stdlib only: the workload's own defaults
+
+        defaults = InferParams.__dataclass_fields__
+        prompts = _count(params.get("num_prompts", defaults["num_prompts"].default))
+        repeats = _count(params.get("repeats", defaults["repeats"].default))
+        return None if prompts is None or repeats is None else ("num_prompts", prompts, "repeats", repeats)
+    steps = _count(params.get("steps"))
+    return None if steps is None else ("steps", steps, "repeats", _count(params.get("repeats", 1)) or 1)
+
+
 def with_duet_steps(doc: Mapping[str, Any], min_steps: int) -> dict[str, Any]:
-    """The case document with at least `min_steps` timed steps per launch (steps x repeats, an even count: the
-    traded units are two steps), for a workload that times steps (params.steps); the same for both sides.
+    """The case document with at least `min_steps` timed steps per launch (an even count: the traded units are
+    two steps), the same for both sides: more steps per repeat for a workload that times steps (params.steps),
+    more repeats of the same requests for an inference case (params.repeats; its prompts stay the case's).
 
     Why a duet takes more steps than the case: the launch pair is the block, and its summary is only as steady as
     its steps are many. A launch's fixed cost (interpreter, imports, model build, warm-up: about 7 s of a tiny
     training launch here) is paid whatever it measures, while a timed step costs a tenth of a second; six steps
     give a pair three traded units, whose median moved by +-8% between pairs of identical code on this machine."""
     out = dict(doc)
-    params = dict(out.get("params") or {})
-    steps = _count(params.get("steps"))
-    if steps is None or min_steps < 1:
+    shape = _step_shape(doc)
+    if shape is None or min_steps < 1:
         return out
-    repeats = _count(params.get("repeats", 1)) or 1
-    want = max(steps, math.ceil(min_steps / repeats))
-    if (want * repeats) % 2:
-        want += 1
-    if want != steps:
-        params["steps"] = want
+    per_field, per, rep_field, repeats = shape
+    params = dict(out.get("params") or {})
+    if per_field == "steps":
+        want = max(per, math.ceil(min_steps / repeats))
+        if (want * repeats) % 2:
+            want += 1
+        if want != per:
+            params["steps"] = want
+    else:
+        want = max(repeats, math.ceil(min_steps / per))
+        if (want * per) % 2:
+            want += 1
+        if want != repeats:
+            params[rep_field] = want
+    if params != (out.get("params") or {}):
         out["params"] = params
     return out
 
 
 def timed_steps(doc: Mapping[str, Any]) -> int | None:
-    """The timed steps of one launch of this case document (steps x repeats), or None when it times none."""
-    params = doc.get("params") or {}
-    steps = _count(params.get("steps"))
-    return None if steps is None else steps * (_count(params.get("repeats", 1)) or 1)
+    """The timed steps of one launch of this case document (steps x repeats, or requests x repeats for an
+    inference case), or None when it times none."""
+    shape = _step_shape(doc)
+    return None if shape is None else shape[1] * shape[3]
 
 
 def _count(value: Any) -> int | None:
@@ -142,11 +169,17 @@ def planned_pairs(case_doc: Mapping[str, Any]) -> int:
     return max(4, count + count % 2)
 
 
-def unsupported_reason(kind: str, executor_kind: str) -> str | None:
-    """Why this case cannot run in duet (it is then paired), or None."""
-    if kind not in DUET_KINDS:
-        return (f"a {kind} case has no duet hook (the vLLM engine batches requests in its own engine-core "
-                "process: no step both sides could start together); measured paired")
+def unsupported_reason(kind: str, executor_kind: str, engine: str | None = None) -> str | None:
+    """Why this case cannot run in duet (it is then paired), or None. `engine`: an inference case's engine."""
+    if kind == "infer":
+        from qualify.workloads.infer.engines import DUET_ENGINES  # the registry imports the standard library only
+
+        name = engine or "transformers"
+        if name not in DUET_ENGINES:
+            return (f"the {name} inference engine has no duet hook (it batches requests in its own engine-core "
+                    "process: no step both sides could start together); measured paired")
+    elif kind not in DUET_KINDS:
+        return f"a {kind} case has no duet hook (no timed step both sides could start together); measured paired"
     if executor_kind != "local":
         return (f"the {executor_kind} executor does not share the barrier directory with the workload yet; "
                 "measured paired")
@@ -534,7 +567,8 @@ def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc:
                   max_regression: float, alpha: float,
                   infeasible: Callable[[Resources], str | None], min_steps: int = 0) -> DuetPolicy | str:
     """On the driver: the duet policy for this case, or why it is measured paired instead (said in its result)."""
-    reason = unsupported_reason(kind, executor_kind)
+    engine = (case_doc.get("params") or {}).get("engine")
+    reason = unsupported_reason(kind, executor_kind, engine if isinstance(engine, str) else None)
     if reason:
         return reason
     why = infeasible(doubled(resources))

@@ -30,8 +30,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from qualify.workloads import protocol
-from qualify.workloads.infer.engines import get_engine
+from qualify.workloads import duet, protocol
+from qualify.workloads.infer.engines import DUET_ENGINES, get_engine
 from qualify.workloads.infer.params import MAX_WEIGHT_BYTES_RATIO, InferParams, parse_params
 
 FAILURE_ORDER = ("quantization_not_applied", "low_agreement")
@@ -95,7 +95,7 @@ def handler(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
     first = first_launch(case)
     p = dataclasses.replace(p, evaluate_agreement=first,
                             probes=p.probes if first else tuple(x for x in p.probes if x in EVERY_LAUNCH_PROBES))
-    report = get_engine(p.engine).run(p, log)
+    report = _run_engine(case, p, log)
     status, error_class, error = judge(p, report["metrics"], report["probes"])
     if error:
         log.error("%s", error)
@@ -103,6 +103,26 @@ def handler(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
     environment.update(report["environment"])
     return {"status": status, "error_class": error_class, "error": error, "metrics": report["metrics"],
             "samples": report["samples"], "probes": report["probes"], "environment": environment}
+
+
+def _run_engine(case: dict[str, Any], p: InferParams, log: logging.Logger) -> dict[str, Any]:
+    """The case's engine; in a duet launch (a `duet` section) with the step barrier, pinned to the side's cores
+    first (workloads/duet.py). Only an engine in DUET_ENGINES times its requests at a barrier: the driver measures
+    any other one paired (execution/duet.unsupported_reason), so a duet section here for it is a bad case."""
+    if case.get("duet") is None:
+        return get_engine(p.engine).run(p, log)
+    if p.engine not in DUET_ENGINES:
+        raise protocol.BadCase(f"duet: the {p.engine} engine has no step both sides could start together")
+    engine = get_engine(p.engine)
+    try:
+        barrier = duet.enter(case, trade_cores=True)  # one process serves every request: it may trade cores
+    except (ValueError, OSError) as exc:
+        raise protocol.BadCase(f"duet: {exc}") from None
+    assert barrier is not None
+    try:
+        return engine.run(p, log, barrier=barrier)  # type: ignore[call-arg]
+    finally:
+        barrier.close()
 
 
 def main(argv: list[str] | None = None) -> int:

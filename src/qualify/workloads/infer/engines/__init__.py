@@ -41,6 +41,12 @@ ENGINES: dict[str, Callable[[], Engine]] = {
 }
 
 
+# Engines whose timed requests can start together on both sides of a duet (run(p, log, barrier=...)): the
+# transformers engine serves one request at a time in the workload's own process. vLLM batches requests in its
+# own engine-core process, where no step of ours runs: its cases are measured paired.
+DUET_ENGINES = ("transformers",)
+
+
 def check_name(name: Any) -> None:
     """BadCase naming the known engines when `name` is not one of them."""
     if not isinstance(name, str) or name not in ENGINES:

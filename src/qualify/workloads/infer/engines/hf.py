@@ -9,6 +9,11 @@ exist) and run the known-issue probes on the quantized model.
 Requests run one at a time (concurrency 1) and never stop at EOS (like vLLM's
 benchmark with ignore_eos): every request yields exactly max_new_tokens tokens.
 
+In a duet launch (gate.regression.baseline: duet; workloads/duet.py) each timed request is a step: both
+sides start request k together at the step barrier, trade core sets every request, and each request's wall
+time is recorded (`samples.step_time_s`): with the same prompts and the same token count on both sides, the
+ratio of two request times is the inverse ratio of their output token rates.
+
 Standard library, torch, transformers, torchao and qualify.workloads only.
 """
 
@@ -22,7 +27,7 @@ from typing import Any
 
 import torch
 
-from qualify.workloads import phases
+from qualify.workloads import duet, phases
 from qualify.workloads.infer import metrics as infer_metrics
 from qualify.workloads.infer import models as infer_models
 from qualify.workloads.infer import probes as infer_probes
@@ -40,6 +45,8 @@ CPU_MAX_MODEL_LEN = 1024  # default cap of the max_model_len probe on CPU
 GPU_MAX_MODEL_LEN = 32768
 PREFIX_REQUESTS = 4
 PREFIX_SUFFIX_LEN = 8
+# A duet side waiting for its peer keeps its core busy with matmuls of this size (workloads/duet.py says why).
+FILLER_SIZE = 192
 # Sequences per teacher-forced forward pass (engine_args.eval_batch_size): ~160 evaluation windows
 # in a few batched passes rather than one pass per handful.
 EVAL_BATCH = 32
@@ -279,40 +286,68 @@ def _load_reference(p: InferParams, source: infer_models.ModelSource, path: str 
     return model
 
 
-def _serve(model, prompts: torch.Tensor, p: InferParams, device: str
+def _serve(model, prompts: torch.Tensor, p: InferParams, device: str, barrier: duet.StepBarrier | None = None
            ) -> tuple[dict[str, Any], dict[str, list[float]], list[list[int]], int]:
     """Greedy requests one at a time: (metrics, samples, first repeat's outputs, non-finite steps).
 
     Every request builds its own KV cache from scratch (greedy_generate with cache=None), so no
     repeat is served from a cache that an earlier one filled: unlike vLLM's prefix cache there is
     nothing to reset between repeats here.
+
+    With a duet barrier, each timed request waits for the peer's (busy, on a CPU: _filler) and its wall time
+    goes into samples.step_time_s; a repeat's token rate is then over its requests' own times, not the waits.
     """
     phases.enter("warmup")
     for i in range(p.warmup):
         greedy_generate(model, prompts[i % p.num_prompts], p.max_new_tokens, device=device)
+    filler = _filler(device) if barrier is not None else None
     phases.enter(phases.MEASURE)
     records: list[dict[str, Any]] = []
     rates: list[float] = []
     outputs: list[list[int]] = []
+    request_s: list[float] = []
     nonfinite = 0
     for rep in range(p.repeats):
         total_tokens = 0
+        served_s = 0.0
         _sync(device)
         t_rep = time.perf_counter()
         for i in range(p.num_prompts):
+            if barrier is not None:
+                barrier.wait(filler)  # duet: both sides start request k together
+            t_req = time.perf_counter()
             r = greedy_generate(model, prompts[i], p.max_new_tokens, device=device)
+            _sync(device)
+            took = time.perf_counter() - t_req
+            served_s += took
+            if barrier is not None:
+                barrier.done()
+                request_s.append(took)
             records.append(infer_metrics.request_record(r["start"], r["times"]))
             total_tokens += len(r["tokens"])
             nonfinite += r["nonfinite"]
             if rep == 0:
                 outputs.append(r["tokens"])
-        rates.append(total_tokens / max(time.perf_counter() - t_rep, 1e-9))
+        elapsed = served_s if barrier is not None else time.perf_counter() - t_rep
+        rates.append(total_tokens / max(elapsed, 1e-9))
     phases.enter("report")
     metrics, samples = infer_metrics.serving_summary(records, rates)
+    if barrier is not None:
+        samples["step_time_s"] = request_s  # the duet's steps (execution/duet reads them)
     return metrics, samples, outputs, nonfinite
 
 
-def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
+def _filler(device: str) -> Any:
+    """The busy wait's unit of work at the duet barrier: a small matmul on a CPU; None (an idle wait) on a GPU,
+    whose host thread only waits for its own device."""
+    if device != "cpu":
+        return None
+    a = torch.randn(FILLER_SIZE, FILLER_SIZE)
+    return lambda: torch.mm(a, a)
+
+
+def run(p: InferParams, log: logging.Logger, barrier: duet.StepBarrier | None = None) -> dict[str, Any]:
+    """One case on this engine; `barrier`: a duet launch's step barrier (runner.handler opens it), else None."""
     check_engine_args(p.engine_args)
     device = resolve_device(p.engine_args)
     dtype = resolve_dtype(p.engine_args, device)
@@ -424,7 +459,7 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
         log.info("agreement not evaluated in this launch (the case's first launch evaluates it)")
 
     # ---- serving figures (greedy, one request at a time)
-    serving, serving_samples, outputs, nonfinite = _serve(model, prompts, p, device)
+    serving, serving_samples, outputs, nonfinite = _serve(model, prompts, p, device, barrier)
     metrics.update(serving)
     samples.update(serving_samples)
 
@@ -461,6 +496,8 @@ def run(p: InferParams, log: logging.Logger) -> dict[str, Any]:
     env.update(tokens.facts())
     env["eval_windows"] = int(eval_seqs.shape[0]) if eval_seqs is not None else None
     env.update(agreement_env)
+    if barrier is not None:
+        env["duet"] = barrier.report()
     env.update({"scheme": p.scheme, "model": p.model, "model_path": path,
                 "train_steps": steps if source.kind == "preset" else None,
                 "int4_group_sizes": qinfo.get("group_sizes") or None,
