@@ -186,6 +186,12 @@ def test_qualify_run_in_duet_mode_passes_identical_code_fails_a_slower_one_and_f
     assert wide["duet"]["mode"] == "paired" and "no node can hold both sides" in wide["duet"]["reason"]
     assert 3 <= wide["paired"]["pairs"] <= 4  # 3 planned, more while undecided, never past max_launches (4)
     assert "no node can hold both sides" in reasons["synthetic/wide"]["message"]
+    # The report shows what the gate judged: the duet's interval per case, the side bias, the fallback's reason;
+    # never the history comparison with another run's stored results (its "-37%, calibrate" beside a duet's PASS).
+    html = Path(same["report"]).read_text()
+    assert "Comparison with the baseline (duet)" in html and "side bias (removed)" in html
+    assert "two runs cannot be told apart" not in html and "history mode cannot decide" not in html
+    assert "does not need one" in html
 
     # Twice the work per step: never a PASS, and the slowdown is seen. Run alone on this machine it was a FAIL; with
     # another duet benchmark pinned to the same two cores beside it, contention coupled

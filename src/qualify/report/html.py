@@ -291,6 +291,8 @@ def _baseline(view: dict[str, Any]) -> str:
     mode = ((view.get("policy") or {}).get("regression") or {}).get("baseline", "history")
     if view.get("paired") is not None:
         return _paired(view["paired"], (view.get("policy") or {}).get("regression") or {})
+    if view.get("duet") is not None:
+        return _duet(view["duet"], (view.get("policy") or {}).get("regression") or {})
     if not comparison:
         out.append(f"<p class='note'>{esc(view.get('baseline_note') or 'no baseline')} "
                    f"(baseline mode: {esc(mode)}).</p></section>")
@@ -356,6 +358,42 @@ def _paired(rows_in: list[dict[str, Any]], policy: dict[str, Any]) -> str:
     out.append(_table(["case", "metric", "baseline median", "candidate median", "change", "worst .. best",
                        "pairs (candidate/baseline)", "order", "baseline image", "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "", "", "", "", ""], row_classes=classes))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _duet(rows_in: list[dict[str, Any]], policy: dict[str, Any]) -> str:
+    """gate.regression.baseline: duet -- the previous release run at the same time as the candidate, step by step."""
+    out = ["<section id='baseline'><h2>Comparison with the baseline (duet)</h2>",
+           "<p>The previous release's image ran at the same time as the candidate on one node, each side on its own "
+           "cores (or GPUs), both starting each timed step together; on CPUs the sides traded cores every step. Each "
+           "launch pair is one block: the gate fits the pairs' median log ratios with the side as a fixed effect "
+           "(the A/A bias of the two core sets, estimated from the swaps and removed) and takes Student-t bounds "
+           f"with pairs − 2 degrees of freedom at the look's share of alpha ({policy.get('alpha', 0.05):g} over all "
+           f"looks). PASS when the worst end is within −{policy.get('max_regression', 0):.0%}, FAIL when even the "
+           "best end is beyond it, else INCOMPLETE. A case that could not run in duet was measured paired, and its "
+           "detail says why.</p>"]
+    if not rows_in:
+        out.append("<p class='note'>no duet comparison was recorded</p></section>")
+        return "".join(out)
+    rows, classes = [], []
+    for row in rows_in:
+        run, left_out = row.get("pairs_run"), row.get("pairs_left_out")
+        pairs = "n/a" if run is None else f"{row.get('pairs', 0)} of {run}" + (f" ({left_out} left out)"
+                                                                                 if left_out else "")
+        bias = (f"{row['side_bias'] * 100:+.1f}% [{row['side_bias_lower'] * 100:+.1f}, "
+                f"{row['side_bias_upper'] * 100:+.1f}]" if row.get("side_bias") is not None else "n/a")
+        rows.append([esc(row.get("case_id") or ""), esc(row.get("metric") or ""),
+                     esc(f"{row['estimate'] * 100:+.1f}%" if row.get("estimate") is not None else "n/a"),
+                     esc(f"{row['lower'] * 100:+.1f}% .. {row['upper'] * 100:+.1f}%"
+                         if row.get("lower") is not None else "n/a"),
+                     esc(f"{1 - row['look_alpha']:.1%}" if row.get("look_alpha") else "n/a"), esc(pairs),
+                     esc(str(row["steps"]) if row.get("steps") is not None else "n/a"), esc(bias),
+                     esc(row.get("baseline") or "n/a"), _status(row.get("status")), esc(row.get("message") or "")])
+        classes.append("bad" if row.get("status") == "FAIL" else "")
+    out.append(_table(["case", "metric", "change", "worst .. best", "one-sided level", "launch pairs", "units",
+                       "side bias (removed)", "baseline image", "gate", "detail"], rows,
+                      classes=["", "", "num", "num", "num", "num", "num", "num", "", "", ""], row_classes=classes))
     out.append("</section>")
     return "".join(out)
 
@@ -551,8 +589,14 @@ def _calibrations(d: dict[str, Any]) -> str:
     rows_in = d.get("calibrations") or []
     out = ["<section id='calibrations'><h2>What the regression check can see (calibrations)</h2>"]
     if not rows_in:
-        out.append("<p class='note'>no calibration for this run's fingerprints: history mode cannot decide "
-                   "(<code>qualify calibrate MANIFEST</code>), paired mode does not need one.</p></section>")
+        mode = ((d.get("policy") or {}).get("regression") or {}).get("baseline", "history")
+        if mode in ("paired", "duet"):
+            out.append(f"<p class='note'>no calibration for this run's fingerprints: this run's mode ({esc(mode)}) "
+                       "does not need one: it measured the previous release beside the candidate.</p></section>")
+        else:
+            out.append("<p class='note'>no calibration for this run's fingerprints: history mode cannot decide "
+                       "(<code>qualify calibrate MANIFEST</code>); paired and duet modes do not need one.</p>"
+                       "</section>")
         return "".join(out)
     rows = [[esc(r["case_id"]), esc(r["metric"]), esc(r["created_at"][:19]), esc(f"{r['runs']} × {r['launches']}"),
              esc(f"{r['sd_run']:.2%}"), esc(f"{r['sd_launch']:.2%}"),

@@ -235,11 +235,13 @@ def report_view(session: Session, run_id: int) -> dict[str, Any] | None:
     detail["baseline_components"] = ({"run": base_run.id, "release": f"{base_run.release.name}:{base_run.release.tag}",
                                       "actual": {c.name: c.actual for c in repo.component_checks(session, base_run.id)}}
                                      if base_run is not None else None)
-    if detail["policy"].get("regression", {}).get("baseline") == "paired":
-        # The baseline was measured beside the candidate: the gate's pair-by-pair figures are the comparison.
-        detail["paired"] = [{"case_id": r.get("case_id"), "status": r["status"], "message": r["message"],
-                             **(r.get("figures") or {})}
-                            for r in (decision["reasons"] if decision else []) if r["check"] == "regression"]
+    mode = detail["policy"].get("regression", {}).get("baseline")
+    if mode in ("paired", "duet"):
+        # The baseline was measured beside the candidate (paired) or at the same time (duet): the gate's own figures
+        # are the comparison; the stored results of another run are not what it judged.
+        detail[mode] = [{"case_id": r.get("case_id"), "status": r["status"], "message": r["message"],
+                         **(r.get("figures") or {})}
+                        for r in (decision["reasons"] if decision else []) if r["check"] == "regression"]
         if not decision:
             detail["baseline_note"] = "the run has no gate decision yet"
     elif base_run is not None:
