@@ -78,16 +78,22 @@ def test_sides_at_different_steps_are_an_error(tmp_path: Path) -> None:
 
 
 def _wait_for_late_peer(tmp_path: Path, filler) -> tuple[float, float, dict]:  # type: ignore[no-untyped-def]
-    """Side 0 waits at step 0 for a peer that arrives 0.4 s late: (wall s, this thread's CPU s, report)."""
+    """Side 0 waits at step 0 for a peer that arrives 0.4 s late: (wall s, the s this thread was runnable, report).
+
+    Runnable = its CPU time plus its run-queue wait (schedstat, where the kernel has it): a busy wait is runnable
+    the whole time whatever else the machine runs (under load it waits for a CPU instead of running), an idle wait
+    sleeps in select and is neither. CPU time alone would make the test depend on the machine's load."""
     tmp_path.mkdir()
     duet.make_barrier_dir(str(tmp_path))
     barrier = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 0, (), timeout_s=30))
     peer = duet.StepBarrier(duet.DuetSpec(str(tmp_path), 1, (), timeout_s=30))
     late = threading.Timer(0.4, peer.wait)
     late.start()
-    wall, cpu = time.perf_counter(), time.thread_time()
+    wall, cpu, runq = time.perf_counter(), time.thread_time(), duet.runq_wait_s()
     barrier.wait(filler)
-    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    runq_after = duet.runq_wait_s()
+    waited = runq_after - runq if runq is not None and runq_after is not None else 0.0
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu + waited
     barrier.done()
     late.join()
     report = barrier.report()
@@ -98,12 +104,13 @@ def _wait_for_late_peer(tmp_path: Path, filler) -> tuple[float, float, dict]:  #
 
 def test_a_side_that_waits_for_its_peer_keeps_its_core_busy(tmp_path: Path) -> None:
     # Busy: the filler runs while the peer is late, so the peer's step never runs beside an idle core.
-    wall, cpu, report = _wait_for_late_peer(tmp_path / "busy", lambda: synthetic._work(synthetic.FILLER_ITERATIONS))
-    assert wall >= 0.35 and cpu > 0.5 * wall, (wall, cpu)
+    wall, runnable, report = _wait_for_late_peer(tmp_path / "busy",
+                                                 lambda: synthetic._work(synthetic.FILLER_ITERATIONS))
+    assert wall >= 0.35 and runnable > 0.5 * wall, (wall, runnable)
     assert report["busy_wait"] and report["filler_units"] > 10
     # Without a filler (a GPU side) the wait sleeps in select.
-    wall, cpu, report = _wait_for_late_peer(tmp_path / "idle", None)
-    assert wall >= 0.35 and cpu < 0.2 * wall, (wall, cpu)
+    wall, runnable, report = _wait_for_late_peer(tmp_path / "idle", None)
+    assert wall >= 0.35 and runnable < 0.2 * wall, (wall, runnable)
     assert not report["busy_wait"] and report["filler_units"] == 0
 
 
