@@ -85,10 +85,10 @@ def test_case_cap_boundary_and_speed() -> None:
     cap = limits().max_cases
     exact = MINIMAL + f"custom_cases:\n  - {{name: nap, kind: sleep, count: {cap}}}\n"
     assert len(expand(load_manifest_text(exact, "m.yaml").release)) == cap
-    start = time.monotonic()
+    start = time.thread_time()  # this thread's CPU: a shared machine's neighbours stretch wall time, not this
     with pytest.raises(ManifestError) as info:
         load_manifest_text(exact.replace(f"count: {cap}", "count: 1000000000"), "m.yaml")
-    assert time.monotonic() - start < 0.5
+    assert time.thread_time() - start < 0.5  # refused by counting, never by building a billion cases
     assert [p.field for p in info.value.problems] == ["custom_cases[0].count"]
     assert f"1,000,000,000 cases, over the cap of {cap:,}" in str(info.value)
 
@@ -100,10 +100,10 @@ def test_expand_refuses_a_release_that_skipped_the_loader() -> None:
     data = yaml.safe_load(MINIMAL)
     data["custom_cases"] = [{"name": "nap", "kind": "sleep", "count": 10**6}]
     release = ReleaseManifest.model_validate(data)  # pydantic alone: no semantic rules, no case cap
-    start = time.monotonic()
+    start = time.thread_time()
     with pytest.raises(ManifestError, match="max_cases"):
         expand(release)
-    assert time.monotonic() - start < 0.5
+    assert time.thread_time() - start < 0.5
 
 
 def test_problem_list_is_capped() -> None:
