@@ -133,7 +133,8 @@ def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str |
     finally:
         # Never wait here for cases still on Ray (an interrupt): the flow's own cleanup stops Ray, which ends them.
         pool.shutdown(wait=False, cancel_futures=True)
-    return [tasks[case.case_id].result() for case in pending]
+    # A case that did not pass ended its task run Failed (tasks/cases.py), its outcome the state's data.
+    return [tasks[case.case_id].result(raise_on_failure=False) for case in pending]
 
 
 @flow(name="qualify-release", flow_run_name=_initial_name, log_prints=True)
@@ -173,6 +174,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         with ctx.timed_stage("ray"):
             ray_handle = start_ray(ctx.ray_address)
             ctx.record_cluster(cluster_nodes())
+        ctx.pull_images()  # stage `pull`: the images on every node that will run cases, once, before them
         with ctx.timed_stage("verify"):
             checks = verify_components_task(ctx)
         logger.info("components: %d/%d as expected", sum(c["ok"] for c in checks), len(checks))

@@ -8,6 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed, State
 
 from qualify import pipeline
 from qualify.manifest.cases import Case
@@ -19,10 +20,12 @@ from qualify.report.case_lines import figure_lines, resources_text
 # pipeline retries infrastructure failures only (a failed test is never retried into a pass).
 @task(name="run-case", cache_policy=NO_CACHE)
 def run_case_task(ctx: pipeline.RunContext, case: Case, running: Future[CaseOutcome], started_on_ray: bool,
-                  progress_artifact_id: str | None = None) -> CaseOutcome:
+                  progress_artifact_id: str | None = None) -> CaseOutcome | State:
     """The case's task run: created when its Ray task starts (the flow's _run_cases), Running while the case runs
     on Ray (attempts.run_case in the flow's case thread), ended with the case's outcome, figures and log tail.
-    A case that ended without a Ray task running it (infeasible, lost before it ran) gets its task run then."""
+    A case that ended without a Ray task running it (infeasible, lost before it ran) gets its task run then.
+    A case that did not pass ends its task run Failed (red in the UI, its status and error as the state's message),
+    carrying the outcome all the same: the flow reads it with raise_on_failure=False."""
     logger = get_run_logger()
     resources = resources_text(case.resources.model_dump(exclude_defaults=True))
     if started_on_ray:
@@ -51,6 +54,9 @@ def run_case_task(ctx: pipeline.RunContext, case: Case, running: Future[CaseOutc
                                                  f"{p.running} running, {len(p.queued_cases)} queued in Ray")
         except Exception as exc:  # noqa: BLE001 - the dashboard is best effort, results are in the DB
             logger.warning("progress artifact not updated: %s", exc)
+    if not outcome.passed:
+        why = f" ({outcome.error_class}: {outcome.error})" if outcome.error_class else ""
+        return Failed(message=f"{case.case_id}: {outcome.status}{why}"[:500], data=outcome)
     return outcome
 
 

@@ -94,6 +94,14 @@ def test_the_verdict_in_prefect_and_the_report_one_click_away(tmp_path: Path, pr
             naps = [t for t in client.post("/task_runs/filter", json={
                 "flow_runs": {"id": {"any_": [by_verdict["PASS"]["id"]]}}}).json() if t["name"].startswith("sleep/nap")]
             assert len(naps) == 2 and all(t["state_type"] == "COMPLETED" for t in naps), naps
+            # A case that did not pass is a red task run, its error as the state's message; a passed one stays green.
+            fail_tasks = {t["name"]: t for t in client.post("/task_runs/filter", json={
+                "flow_runs": {"id": {"any_": [by_verdict["FAIL"]["id"]]}}}).json()}
+            crash = next(t for name, t in fail_tasks.items() if name.startswith("sleep/crash"))
+            nap = next(t for name, t in fail_tasks.items() if name.startswith("sleep/nap"))
+            assert (crash["state_type"], nap["state_type"]) == ("FAILED", "COMPLETED"), (crash, nap)
+            assert crash["state"]["message"].startswith("sleep/crash: error (") or \
+                crash["state"]["message"].startswith("sleep/crash: failed ("), crash["state"]
             from datetime import datetime
 
             first, second = sorted(naps, key=lambda t: t["start_time"])
