@@ -102,6 +102,28 @@ class RunContext:
         with self.run_row() as (_session, run):
             run.cluster = {"nodes": nodes}
 
+    def pull_images(self) -> list[dict[str, Any]]:
+        """Before the cases: each node that will run cases pulls the images they run in (the candidate's, and the
+        previous release's for paired and duet cases), by digest, once (execution/pulls.py), recorded with the run
+        (runs.cluster["pulls"]) as the stage `pull`. Nothing for an executor that runs no image (local)."""
+        from qualify.execution.pulls import PullFailed, pull_on_nodes
+
+        images = [e for e in (self.executor, self.paired.executor if self.paired else None) if hasattr(e, "pull")]
+        if not images:
+            return []
+        pulls: list[dict[str, Any]] = []
+        with self.timed_stage("pull"):
+            try:
+                for executor in dict.fromkeys(images):
+                    pulls += [p.to_dict() for p in pull_on_nodes(executor, [c.resources for c in self.cases])]
+            except PullFailed as exc:
+                pulls += [p.to_dict() for p in exc.pulls]
+                raise
+            finally:
+                with self.run_row() as (_session, run):
+                    run.cluster = {**(run.cluster or {}), "pulls": pulls}
+        return pulls
+
     def launch_time_line(self) -> str:
         """Where the cases' launch seconds went and the measurement efficiency (report/efficiency.py), and the
         achieved makespan against its lower bound (report/makespan.py)."""

@@ -165,6 +165,8 @@ def test_qualify_run_in_containers(system: System) -> None:
     problems = [r for r in outcome["reasons"] if r["status"] not in ("PASS", "NO-BASELINE", "WAIVED")]
     assert outcome["verdict"] == "PASS" and res.returncode == 0, json.dumps(problems, indent=1)
     system.run_outcome = outcome
+    # The image was pulled on the node before the cases (issue 28), a stage of its own.
+    assert "pull" in outcome["stage_seconds"], outcome["stage_seconds"]
     # The containers of the run are gone.
     executor = ContainerExecutor.from_manifest(system.release, build.image_ref or "")
     assert leftover_containers(executor) == []

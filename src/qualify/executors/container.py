@@ -262,7 +262,21 @@ class ContainerExecutor:
         argv += [self.image, "python3", "-m", f"qualify.workloads.{kind}"]
         return argv, via_engine, via_file
 
+    def pull_argv(self) -> list[str]:
+        """The engine's pull of this image by digest into the node's store (qualify's store for podman)."""
+        argv = [*self.engine_argv(), "pull"]
+        if self._podman:
+            argv.append("--quiet")
+            if not self.tls_verify:
+                argv.append("--tls-verify=false")
+        return [*argv, self.image]
+
     # ------------------------------------------------------------------ running
+
+    def pull(self, timeout_s: float) -> CommandResult:
+        """Pull the image on this node (execution/pulls.py: once per node, before the cases, so that no case's
+        timeout pays it). Every wait is bounded by timeout_s."""
+        return run_command(self.pull_argv(), "", timeout_s, env=self.engine_env(), track=False)
 
     def remove(self, name: str) -> None:
         """Remove the container by name, killing it first; quiet when it is already gone."""

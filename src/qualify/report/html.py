@@ -190,6 +190,8 @@ def _run_facts(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
         rows.append(["launch time", esc(view["launch_time"]["line"])])
     if view.get("schedule"):
         rows.append(["schedule", esc(view["schedule"]["line"].removeprefix("schedule: "))])
+    if view.get("pulls"):
+        rows.append(["image pulls", esc(view["pulls"].removeprefix("pulls: "))])
     return ("<section id='run'><h2>Run</h2><table>"
             + "".join(f"<tr><th>{esc(name)}</th><td>{value}</td></tr>" for name, value in rows) + "</table></section>")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -57,6 +57,15 @@ def manifest_order(run: Run) -> dict[str, int]:
     return {case.case_id: k for k, case in enumerate(manifest_cases(run))}
 
 
+def pull_line(pulls: Sequence[Mapping[str, Any]]) -> str | None:
+    """`pulls: <image> on N node(s): a 12.3 s, b 0.4 s` for the run views; None when nothing was pulled."""
+    if not pulls:
+        return None
+    images = sorted({str(p.get("image")) for p in pulls})
+    each = ", ".join(f"{p.get('address')} {float(p.get('seconds') or 0.0):.1f} s" for p in pulls)
+    return f"pulls: {', '.join(images)} on {len(pulls)} node(s) before the cases: {each}"
+
+
 def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
     run = repo.get_run(session, run_id)
     if run is None:
@@ -79,6 +88,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         "stage_seconds": run.stage_seconds or {},
         "launch_time": {**spent.as_dict(), "line": spent.line()},
         "schedule": schedule.as_dict() if schedule else None,
+        "pulls": pull_line((run.cluster or {}).get("pulls") or []),
         "components": [
             {"name": c.name, "rule": c.rule, "expected": c.expected, "actual": c.actual, "ok": c.ok,
              "optional": c.optional, "detail": c.detail}
@@ -173,6 +183,8 @@ def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
         lines += [detail["launch_time"]["line"], ""]
     if detail.get("schedule"):
         lines += [detail["schedule"]["line"], ""]
+    if detail.get("pulls"):
+        lines += [detail["pulls"], ""]
     if groups.get("PASS"):
         lines += [f"## Passed checks ({len(groups['PASS'])})", ""] + table(groups["PASS"])
     return "\n".join(lines).rstrip() + "\n"
