@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import ray
 
 from qualify.errors import InfraError
-from qualify.execution.result import node_share
+from qualify.execution.result import node_fits, node_share
 from qualify.manifest import Resources
 
 PULL_TIMEOUT_S = 3600.0  # a real training image is tens of GB; a pull that never ends still ends here
@@ -50,8 +50,7 @@ class NodePull:
 def nodes_for(resources: Iterable[Resources], nodes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The alive nodes that can hold one node's share of at least one case (those that will run cases)."""
     wanted = [node_share(r).wanted() for r in resources]
-    return [n for n in nodes if n.get("Alive") and any(
-        all(float((n.get("Resources") or {}).get(k, 0.0)) >= v for k, v in want.items()) for want in wanted)]
+    return [n for n in nodes if n.get("Alive") and any(node_fits(n, want) for want in wanted)]
 
 
 def _pull_here(executor: Any, timeout_s: float) -> tuple[float, int | None, bool, str]:

@@ -21,7 +21,7 @@ import ray
 from qualify.errors import InfraError
 from qualify.execution import launches
 from qualify.execution.node_facts import gpu_ids_of
-from qualify.execution.result import CaseRunResult, node_share
+from qualify.execution.result import CaseRunResult, node_fits, node_share
 from qualify.executors import Executor
 from qualify.manifest import Resources
 from qualify.lifetime import bind_children_to_this_process
@@ -120,7 +120,7 @@ def infeasible_reason(resources: Resources, nodes: list[dict[str, Any]] | None =
     """
     nodes = nodes if nodes is not None else [n for n in ray.nodes() if n.get("Alive")]
     wanted = node_share(resources).wanted()
-    fitting = [n for n in nodes if all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in wanted.items())]
+    fitting = [n for n in nodes if node_fits(n, wanted)]
     if len(fitting) >= max(1, resources.nodes):
         return None
     wanted_txt = ", ".join(f"{k}={v:g}" for k, v in wanted.items())

@@ -10,7 +10,7 @@ from it. Neither imports Ray: the driver's retry loop and the unit tests use the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from qualify.manifest import Resources
 
@@ -77,6 +77,12 @@ class NodeShare:
     def bundle(self) -> dict[str, float]:
         """The share as a placement-group bundle (Ray refuses an empty one; a zero-CPU case still needs a node)."""
         return self.wanted() or {"CPU": ACCELERATOR_MARKER}
+
+
+def node_fits(node: Mapping[str, Any], wanted: Mapping[str, float]) -> bool:
+    """Whether a node of `ray.nodes()` has every resource of one node's share (NodeShare.wanted())."""
+    have = node.get("Resources") or {}
+    return all(float(have.get(k, 0.0)) >= v for k, v in wanted.items())
 
 
 def node_share(resources: Resources) -> NodeShare:
