@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from qualify.build import BuildError, BuildResult, build_candidate
 from qualify.errors import BadInput, InfraError, Rejected
 from qualify.execution import node_facts
-from qualify.execution.paired import PairedBaseline, find_paired_baseline
+from qualify.execution.paired import PairedBaseline, find_paired_baseline, find_reference
 from qualify.execution.ray import run_case_on_ray
 from qualify.executors import Executor, LocalExecutor
 from qualify.executors.container import ContainerExecutor
@@ -61,6 +61,7 @@ class RunContext:
     build: BuildResult | None = None
     executor: Executor | None = None
     paired: PairedBaseline | None = None  # gate.regression.baseline: paired (set by obtain_candidate)
+    reference: PairedBaseline | None = None  # gate.reference's side (set by obtain_candidate)
     progress: Progress = field(default_factory=Progress)
     resumed: bool = False
     db_write_attempts: int = 6  # a result write is retried with backoff 1, 2, 4, 8, 16 s (spool.with_retries)
@@ -104,11 +105,12 @@ class RunContext:
 
     def pull_images(self) -> list[dict[str, Any]]:
         """Before the cases: each node that will run cases pulls the images they run in (the candidate's, and the
-        previous release's for paired and duet cases), by digest, once (execution/pulls.py), recorded with the run
+        previous release's for paired and duet cases, gate.reference's), by digest, once (execution/pulls.py), recorded with the run
         (runs.cluster["pulls"]) as the stage `pull`. Nothing for an executor that runs no image (local)."""
         from qualify.execution.pulls import PullFailed, pull_on_nodes
 
-        images = [e for e in (self.executor, self.paired.executor if self.paired else None) if hasattr(e, "pull")]
+        images = [e for e in (self.executor, self.paired.executor if self.paired else None,
+                              self.reference.executor if self.reference else None) if hasattr(e, "pull")]
         if not images:
             return []
         pulls: list[dict[str, Any]] = []
@@ -278,6 +280,7 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
     ctx.executor = make_executor(ctx, build)
     if ctx.manifest.gate.regression.baseline in ("paired", "duet") and ctx.manifest.gate.regression.enabled:
         ctx.paired = find_paired_baseline(ctx.sessions, ctx.manifest, build)
+    ctx.reference = find_reference(ctx.manifest, ctx.manifest_dir)
     return build
 
 

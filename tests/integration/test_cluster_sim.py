@@ -20,7 +20,7 @@ def test_the_release_matrix_runs_on_a_simulated_4x8_gpu_cluster_close_to_its_low
     scale = 0.003  # 1,830 planned seconds -> 5.5 s of sleep
     sim = cluster_sim.simulate(REPO / "releases" / "training-xpu-pytorch-25.05.yaml", 4, 8, 64, scale, tmp_path)
     print(sim.line())
-    assert len(sim.cases) == 24
+    assert len(sim.cases) == 26  # 12 training, 12 inference, 2 against the reference image (gate.reference)
     nodes_used = {n for c in sim.cases for n in c.nodes}
     assert len(nodes_used) == 4  # every node got work
     for case in sim.cases:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from qualify.manifest import is_reference_case
 from qualify.manifest.cases import expand
 from qualify.cli.common import JsonOption, load, out
 from qualify.manifest.load import ManifestError, load_manifest
@@ -26,12 +27,15 @@ def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> 
             continue
         manifest = loaded.release
         cases = expand(manifest)
-        n_train = sum(c.kind == "train" for c in cases)
-        n_infer = sum(c.kind == "infer" for c in cases)
+        n_reference = sum(is_reference_case(c) for c in cases)
+        own = [c for c in cases if not is_reference_case(c)]
+        n_train = sum(c.kind == "train" for c in own)
+        n_infer = sum(c.kind == "infer" for c in own)
         out.print(f"[green]ok[/green] {path}: {manifest.release.name} {manifest.release.tag} "
                   f"(candidate {manifest.release.candidate_tag}, previous {manifest.release.previous_tag or 'none'})")
         out.print(f"   {len(manifest.components)} components, {n_train} training cases, {n_infer} inference cases"
-                  + (f", {len(cases) - n_train - n_infer} other cases" if len(cases) > n_train + n_infer else ""))
+                  + (f", {len(own) - n_train - n_infer} other cases" if len(own) > n_train + n_infer else "")
+                  + (f", {n_reference} against the reference image" if n_reference else ""))
         targets = manifest.expanded_targets()
         out.print(f"   {len(targets)} promotion targets" + (":" if targets else ""))
         for target in targets:

@@ -4,6 +4,7 @@ spooled to disk before the database is tried, and spooled results of an earlier 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any, Callable
 
 from sqlalchemy.exc import OperationalError
@@ -17,7 +18,7 @@ from qualify.execution.ray import infeasible_reason, run_case_on_ray
 from qualify.execution.sequential_inputs import sequential_block
 from qualify.gate.sequential import KEY as SEQUENTIAL
 from qualify.execution.result import CaseRunResult
-from qualify.manifest import fingerprint
+from qualify.manifest import fingerprint, is_reference_case
 from qualify.manifest.cases import Case
 from qualify.outcomes import CaseOutcome, CaseStatus, ErrorClass
 from qualify.plan import submission_order
@@ -109,12 +110,35 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
         submitted()  # a case that never reached Ray releases the next one too
 
 
+def _other_side_case(ctx: RunContext, case: Case) -> Case:
+    """The case the other side runs: the same one, except that gate.reference.variant makes a training reference
+    case's reference side run that variant of the same model (the standard image as it comes), under this id."""
+    ref = ctx.manifest.gate.reference
+    if ref is None or not ref.variant or not is_reference_case(case) or case.kind != "train":
+        return case
+    wanted = f"train/{case.model}/{ref.variant}"
+    sibling = next((c for c in ctx.cases if c.case_id == wanted), None)
+    return replace(sibling, case_id=case.case_id, tags=case.tags) if sibling is not None else case
+
+
+def _name_other_side(doc: dict[str, Any], label: str | None) -> None:
+    """The image the other side ran (the previous release's or gate.reference's, by digest), beside the executor's
+    own description of it, in the paired and duet records the gate and the report read."""
+    env = doc.get("environment")
+    for key in ("paired", "duet"):
+        record = env.get(key) if isinstance(env, dict) else None
+        if isinstance(record, dict) and label:
+            record["baseline_image"] = label
+
+
 def _attempts(ctx: RunContext, case: Case, log: Callable[[str], None], runner: CaseRunner,
               infeasible: Callable[[Any], str | None], signal: dict[str, Any]) -> CaseOutcome:
-    paired_case = is_paired_case(ctx.paired, ctx.manifest, case)
+    # The other side: gate.reference's image for a reference case, else the previous release (paired, duet).
+    other = ctx.reference if is_reference_case(case) else ctx.paired
+    paired_case = is_paired_case(other, ctx.manifest, case)
     case_doc = case.document()
-    block = sequential_block(ctx.sessions, ctx.manifest, case, paired=paired_case and ctx.paired is not None
-                             and ctx.paired.executor is not None)
+    block = sequential_block(ctx.sessions, ctx.manifest, case, paired=paired_case and other is not None
+                             and other.executor is not None)
     if block is not None:
         case_doc[SEQUENTIAL] = block  # more launches while the gate's decision is undecided (gate.sequential)
     attempts = 0
@@ -127,13 +151,15 @@ def _attempts(ctx: RunContext, case: Case, log: Callable[[str], None], runner: C
     else:
         while True:
             attempts += 1
-            if paired_case and ctx.paired is not None and ctx.paired.executor is not None and case.resources.nodes == 1:
-                choice = duet_choice(ctx.manifest, case, infeasible)  # None unless gate.regression.baseline: duet
+            if paired_case and other is not None and other.executor is not None and case.resources.nodes == 1:
+                choice = duet_choice(ctx.manifest, case, infeasible)  # None unless the case's rule says duet
                 extra = {"duet": choice} if isinstance(choice, DuetPolicy) else {}
                 out = runner(ctx.executor, case_doc, case.resources, case.timeout_s,
-                             baseline=ctx.paired.executor, baseline_doc=baseline_document(case), **extra, **signal)
+                             baseline=other.executor, baseline_doc=baseline_document(_other_side_case(ctx, case)),
+                             **extra, **signal)
                 if isinstance(choice, str):
-                    fell_back(out.doc, ctx.paired.label, choice)
+                    fell_back(out.doc, other.label, choice)
+                _name_other_side(out.doc, other.label)
             else:
                 out = runner(ctx.executor, case_doc, case.resources, case.timeout_s, **signal)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
@@ -143,10 +169,10 @@ def _attempts(ctx: RunContext, case: Case, log: Callable[[str], None], runner: C
             log(f"{case.case_id}: attempt {attempts} ended with {out.doc.get('error_class')} "
                 f"({out.doc.get('error')}); retrying ({attempts}/{retries})")
     doc = out.doc
-    if paired_case and ctx.paired is not None and "paired" not in (doc.get("environment") or {}):
-        why = ctx.paired.reason or ("a multi-node case is not re-measured in pairs" if case.resources.nodes > 1
-                                    else "the case ran without its baseline")
-        doc = unpaired(doc, ctx.paired.label, why)
+    if paired_case and other is not None and "paired" not in (doc.get("environment") or {}):
+        why = other.reason or ("a multi-node case is not re-measured in pairs" if case.resources.nodes > 1
+                               else "the case ran without its baseline")
+        doc = unpaired(doc, other.label, why)
     result = spool.SpooledResult(case_id=case.case_id, doc=doc, attempts=attempts, queue_wait_s=out.queue_wait_s,
                                  exec_s=out.exec_s, node=out.node,
                                  fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))

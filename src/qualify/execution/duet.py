@@ -581,9 +581,9 @@ def driver_choice(kind: str, executor_kind: str, resources: Resources, case_doc:
 
 
 def duet_choice(manifest: Any, case: Any, infeasible: Callable[[Resources], str | None]) -> DuetPolicy | str | None:
-    """For a paired-able case of a run: None unless gate.regression.baseline is duet; then the case's duet
-    policy, or why it is measured paired instead (said in its result)."""
-    reg = manifest.gate.regression
+    """For a paired-able case of a run: None unless its rule (gate.regression, or gate.reference for a reference
+    case) says duet; then the case's duet policy, or why it is measured paired instead (said in its result)."""
+    reg = manifest.gate.regression_for(case)
     if reg.baseline != "duet":
         return None
     return driver_choice(case.kind, manifest.execution.executor, case.resources, case.document(),

@@ -70,6 +70,34 @@ def find_paired_baseline(sessions: sessionmaker[Session], manifest: ReleaseManif
                                        f"machine: no interpreter with that package set (tried {', '.join(tried)})")
 
 
+def find_reference(manifest: ReleaseManifest, manifest_dir: Path | None = None) -> PairedBaseline | None:
+    """gate.reference's side, like the previous release's: the container executor runs the image by digest; the
+    local executor runs `reference.python` when its package set has exactly the reference's digest, else the
+    reference cases are refused with the reason (INCOMPLETE, never compared with another environment)."""
+    ref = manifest.gate.reference
+    if ref is None:
+        return None
+    label = f"{ref.label} ({ref.image})" if ref.label else ref.image
+    if manifest.execution.executor == "container":
+        from qualify.executors.container import ContainerExecutor
+
+        return PairedBaseline(ContainerExecutor.from_manifest(manifest, ref.image), label)
+    from qualify.build.local import environment_digest
+
+    digest = ref.image.rsplit("@", 1)[1]
+    python = ref.python or ""
+    if manifest_dir is not None and python and not Path(python).is_absolute() and "/" in python:
+        python = str((manifest_dir / python).resolve())
+    try:
+        found = environment_digest(python)[0]
+    except BuildError as exc:
+        return PairedBaseline(None, label, f"gate.reference.python {python!r}: {exc}")
+    if found != digest:
+        return PairedBaseline(None, label, f"gate.reference.python {python!r} has the package set {found[:19]}…, "
+                                           f"not the reference's {digest[:19]}…: not the reference image")
+    return PairedBaseline(LocalExecutor(python=python), f"{label} (local interpreter {python})")
+
+
 def _stored_build_python(run: Any) -> str | None:
     """The interpreter a local-builder run used, from its stored manifest (build.python, else the driver's)."""
     try:

@@ -16,7 +16,7 @@ from qualify import metrics as metric_info
 from qualify.gate import sequential
 from qualify.gate.calibration import lookup
 from qualify.gate.checks import ResultData, series
-from qualify.manifest import ReleaseManifest
+from qualify.manifest import ReleaseManifest, is_reference_case
 from qualify.manifest.cases import Case
 from qualify.store import repo
 
@@ -25,7 +25,7 @@ def sequential_block(sessions: sessionmaker[Session], manifest: ReleaseManifest,
                      paired: bool) -> dict[str, Any] | None:
     """None: the planned launches only (no regression metric, a multi-node case, or history mode without a
     baseline result or a calibration: more launches could not change the decision)."""
-    reg = manifest.gate.regression
+    reg = manifest.gate.regression_for(case)  # a reference case: the reference's mode and required change
     metrics = reg.metrics_for(case.kind)
     if not reg.enabled or not metrics or case.resources.nodes > 1 or not metric_info.is_known(metrics[0]):
         return None
@@ -35,6 +35,8 @@ def sequential_block(sessions: sessionmaker[Session], manifest: ReleaseManifest,
     if paired:
         return sequential.spec(mode="paired", **common)
     info = manifest.release
+    if is_reference_case(case):
+        return None  # a reference case has no stored history to compare with: paired or duet, or not at all
     if not info.previous_tag:
         return None
     with sessions() as session:

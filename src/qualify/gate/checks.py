@@ -18,15 +18,15 @@ from qualify.gate.quality_checks import (LAYER_EVIDENCE, check_agreement, check_
                                          check_quantization_evidence, check_variant_evidence)
 from qualify.gate.reasons import (FAIL, INCOMPLETE, NO_BASELINE, NOTE, PASS, REASON_STATUSES, WAIVED, ComponentData,
                                   Reason, ResultData, _fmt, _judged, _metric_problem, _short)
-from qualify.gate.regression_checks import (check_duet_regression, check_paired_regression, check_regression,
-                                            check_variant_gains, series)
+from qualify.gate.regression_checks import (check_duet_regression, check_paired_regression, check_reference,
+                                            check_regression, check_variant_gains, series)
 
 # The gate's checks and their data, importable from here (the check families live in reasons, regression_checks
 # and quality_checks; this module holds the run-wide checks and the waivers).
 __all__ = ["PASS", "FAIL", "WAIVED", "NO_BASELINE", "INCOMPLETE", "NOTE", "REASON_STATUSES", "ResultData",
            "ComponentData", "Reason", "LAYER_EVIDENCE", "WAIVABLE_PREFIXES", "series", "check_completeness",
            "check_components", "check_thresholds", "check_probes", "check_retries", "check_regression",
-           "check_paired_regression", "check_duet_regression", "check_variant_gains", "check_agreement",
+           "check_reference", "check_paired_regression", "check_duet_regression", "check_variant_gains", "check_agreement",
            "check_variant_evidence", "check_mfu_reported", "check_quantization_evidence", "apply_waivers"]
 
 

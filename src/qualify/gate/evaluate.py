@@ -21,6 +21,7 @@ from qualify.gate.checks import (
     check_mfu_reported,
     check_probes,
     check_quantization_evidence,
+    check_reference,
     check_regression,
     check_retries,
     check_thresholds,
@@ -96,6 +97,7 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     reasons += check_probes(policy, cases, current)
     reasons += check_regression(policy, cases, current, base, baseline_label, previous_named=previous_named,
                                 calibrations=calibrations)
+    reasons += check_reference(policy, cases, current)
     reasons += check_variant_gains(policy, cases, current)
     reasons += check_variant_evidence(cases, current)
     reasons += check_quantization_evidence(cases, current)

@@ -103,6 +103,27 @@ def margin(max_regression: float) -> float:
     return math.log1p(-max_regression)
 
 
+@dataclass(frozen=True)
+class MarginWords:
+    """How a decision against the margin reads: a tolerance (max_regression > 0, non-inferiority) or a required
+    gain (max_regression <= 0, gate.reference's min_gain: superiority; the same rule, the margin on the other
+    side of zero)."""
+
+    passed: str
+    failed: str
+    spans: str
+
+    @classmethod
+    def of(cls, max_regression: float) -> "MarginWords":
+        if max_regression > 0:
+            bound = f"-{max_regression:.0%}"
+            return cls(f"non-inferiority shown: the worst end is within {bound}",
+                       f"regression shown: even the best end is beyond {bound}", f"the interval spans {bound}")
+        bound = signed_pct(-max_regression)
+        return cls(f"a gain of {bound} shown: the worst end is at or above it",
+                   f"no gain of {bound}: even the best end is below it", f"the interval spans {bound}")
+
+
 def decide(interval: Interval, max_regression: float) -> Decision:
     m = margin(max_regression)
     if interval.lower >= m:
@@ -261,12 +282,13 @@ class Outcome:
         iv = self.interval
         head = (f"change {signed_pct(iv.change)} (one-sided {(1 - iv.alpha) * 100:.3g}% bounds "
                 f"{signed_pct(iv.worst)} .. {signed_pct(iv.best)}; {iv.n} {iv.unit}, {iv.design})")
+        words = MarginWords.of(self.max_regression)
         if self.decision is Decision.PASS:
-            tail = f"non-inferiority shown: the worst end is within -{self.max_regression:.0%}"
+            tail = words.passed
         elif self.decision is Decision.FAIL:
-            tail = f"regression shown: even the best end is beyond -{self.max_regression:.0%}"
+            tail = words.failed
         else:
-            tail = f"undecided: the interval spans -{self.max_regression:.0%}"
+            tail = f"undecided: {words.spans}"
             if iv.sd_unit is not None:
                 spread = f"{iv.unit[:-1] if iv.unit.endswith('s') else iv.unit} spread {iv.sd_unit:.1%}"
                 if iv.se_floor:
@@ -276,7 +298,9 @@ class Outcome:
                 else:
                     tail += (f" ({spread}: deciding needs about {self.needed} {iv.unit}"
                              + (f"; budget {self.budget}" if self.budget else "") + ")")
-        return f"{head}: {tail}; could see >= {self.could_see:.0%} here; {iv.n} {iv.unit}"
+        # "could see" is a drop detected with power; against a required gain it would read as nonsense.
+        could = f"; could see >= {self.could_see:.0%} here" if self.max_regression > 0 else ""
+        return f"{head}: {tail}{could}; {iv.n} {iv.unit}"
 
 
 def judge(interval: Interval, max_regression: float, *, alpha: float, budget: int | None = None) -> Outcome:

@@ -12,7 +12,7 @@ from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import duet_stats, stats
 from qualify.gate import noninferiority as ni
 from qualify.gate.calibration import lookup as calibration_lookup
-from qualify.manifest import GatePolicy
+from qualify.manifest import GatePolicy, is_reference_case
 from qualify.gate.reasons import PASS, FAIL, NO_BASELINE, INCOMPLETE, ResultData, Reason, _num, _passed, _pct
 
 
@@ -54,6 +54,7 @@ def check_regression(policy: GatePolicy, cases: Sequence[Case], results: Mapping
     policy says `baseline: optional`, when it is NO-BASELINE (reported, not failing).
     """
     reg = policy.regression
+    cases = [c for c in cases if not is_reference_case(c)]  # compared with gate.reference: check_reference
     if not reg.enabled:
         return [Reason("regression", None, PASS, "regression check disabled by the policy")]
     if reg.baseline == "paired":
@@ -192,17 +193,38 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                     + (", neighbours' CPU time removed" if ran and all(p.get("held_times") for p in ran) else "")
                     + f"; {side}"
                     + (f"; {len(left_out)} pair(s) left out: {left_out[0]['problem']}" if left_out else "") + ")")
+            gain = reg.max_regression <= 0  # a reference's required gain (gate.regression_for)
             if call == duet_stats.DuetCall.PASS:
-                reasons.append(Reason("regression", case.case_id, PASS,
-                                      f"{text}: within the {reg.max_regression:.0%} tolerance", figures))
+                tail = (f"a gain of {_pct(-reg.max_regression)} shown" if gain
+                        else f"within the {reg.max_regression:.0%} tolerance")
+                reasons.append(Reason("regression", case.case_id, PASS, f"{text}: {tail}", figures))
             elif call == duet_stats.DuetCall.FAIL:
-                reasons.append(Reason("regression", case.case_id, FAIL,
-                                      f"{text}: regression beyond {reg.max_regression:.0%}", figures))
+                tail = (f"no gain of {_pct(-reg.max_regression)}: even the best end is below it" if gain
+                        else f"regression beyond {reg.max_regression:.0%}")
+                reasons.append(Reason("regression", case.case_id, FAIL, f"{text}: {tail}", figures))
             else:
+                wanted = (f"a gain of {_pct(-reg.max_regression)} nor its absence" if gain
+                          else f"within {reg.max_regression:.0%} nor a regression")
                 reasons.append(Reason("regression", case.case_id, INCOMPLETE,
                                       f"{text}: undecided after {interval.n} launch pairs (the budget): neither "
-                                      f"within {reg.max_regression:.0%} nor a regression shown", figures))
+                                      f"{wanted} shown", figures))
     return reasons
+
+
+def check_reference(policy: GatePolicy, cases: Sequence[Case], results: Mapping[str, ResultData]) -> list[Reason]:
+    """gate.reference: each reference case, the candidate measured beside the reference image (paired or duet), by
+    the same interval rule against the reference's required change (gate.regression_for): PASS when the worst end
+    reaches min_gain (superiority shown) or stays within max_regression, FAIL when even the best end misses it,
+    else INCOMPLETE. A reference case measured without the reference beside it is INCOMPLETE with the reason."""
+    ref = policy.reference
+    compared = [c for c in cases if is_reference_case(c)]
+    if ref is None or not compared:
+        return []
+    rule = policy.model_copy(update={"regression": policy.regression_for(compared[0])})
+    judge = check_duet_regression if ref.mode == "duet" else check_paired_regression
+    required = {"required_change": ref.required_change, "reference": ref.name, "reference_image": ref.image}
+    return [Reason("reference", r.case_id, r.status, f"against {ref.name}: {r.message}", {**r.figures, **required})
+            for r in judge(rule, compared, results)]
 
 
 def _duet_looks(record: Mapping[str, Any]) -> duet_stats.Looks:

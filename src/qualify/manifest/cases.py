@@ -2,7 +2,8 @@
 
 The same manifest always gives the same ids in the same order: training
 (models x variants), then inference (models x schemes), then custom cases, each
-in manifest order. Ids look like ``train/llama3-8b/compile+ckpt`` and
+in manifest order, then the cases gate.reference re-measures beside the reference image
+(``reference/<case id>``). Ids look like ``train/llama3-8b/compile+ckpt`` and
 ``infer/qwen3-8b/gptq-w4a16``.
 """
 
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from qualify.manifest.model import ReleaseManifest, Resources, TrainModel, TrainVariant
+from qualify.manifest.model import REFERENCE_PREFIX, ReleaseManifest, Resources, TrainModel, TrainVariant
 from qualify.manifest.load import ManifestError, case_count_problem, merged_infer_settings
 from qualify.workloads import protocol
 from qualify.workloads.merge import deep_merge
@@ -117,6 +118,11 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
             cases.append(Case.build(case_id, custom.kind, None, custom.name, dict(custom.params), {},
                                     custom.resources or Resources(), timeout,
                                     launches=release.execution.launches_for(custom.kind)))
+    compared = set(release.reference_case_ids())
+    # gate.reference: each case it names again, the candidate beside the reference image (the same case document:
+    # what differs is the other side, chosen by the id's prefix in execution.attempts and gate.regression_for).
+    cases += [replace(c, case_id=REFERENCE_PREFIX + c.case_id, tags=("reference",)) for c in list(cases)
+              if c.case_id in compared]
     duplicates = sorted(i for i, n in Counter(c.case_id for c in cases).items() if n > 1)
     assert not duplicates, f"case ids must be unique, these repeat: {duplicates}"  # validation prevents it
     return cases

@@ -22,8 +22,8 @@ from qualify.manifest.matrix import (  # noqa: F401
     DEFAULT_LAUNCHES, MAX_LAUNCHES, CaseKind, Component, CustomCase, ExecutionSpec, InferenceMatrix, InferModel,
     InferScheme, InferSettings, Resources, TrainingMatrix, TrainModel, TrainSettings, TrainVariant)
 from qualify.manifest.policy import (  # noqa: F401
-    WAIVABLE_CHECKS, WAIVABLE_FAMILIES, WAIVER_MAX_MODEL_LEN, GatePolicy, RegressionPolicy, Threshold, VariantGain,
-    Waiver, waiver_check_problem)
+    REFERENCE_PREFIX, WAIVABLE_CHECKS, WAIVABLE_FAMILIES, WAIVER_MAX_MODEL_LEN, GatePolicy, ReferenceImage,
+    RegressionPolicy, Threshold, VariantGain, Waiver, is_reference_case, waiver_check_problem)
 from qualify.manifest.promotion import (  # noqa: F401
     ExpandedTarget, InsecureRegistryOptIn, PromotionSpec, PromotionTarget)
 from qualify.workloads.infer.params import ENGINE_SCHEMES, PREQUANTIZED_SCHEMES  # noqa: F401 - re-exported
@@ -69,6 +69,9 @@ __all__ = [
     "VariantGain",
     "Waiver",
     "GatePolicy",
+    "ReferenceImage",
+    "REFERENCE_PREFIX",
+    "is_reference_case",
     "PromotionTarget",
     "InsecureRegistryOptIn",
     "PromotionSpec",
@@ -105,6 +108,8 @@ class ReleaseInfo(Strict):
 
 # --------------------------------------------------------------------------- root
 
+_ENUMERABLE = 100_000  # case ids listed to match gate.reference.cases only below this many (the cap is far lower)
+
 
 class ReleaseManifest(Strict):
     api_version: Literal["qualify/v1"] = Field(alias="apiVersion", default="qualify/v1")
@@ -135,13 +140,51 @@ class ReleaseManifest(Strict):
             raise ValueError("gate.regression.baseline 'paired' re-measures the previous release beside the "
                              "candidate: name it in release.previous_tag")
         self._launches_cover_first_look()
+        self._reference_usable()
         return self
+
+    def _reference_usable(self) -> None:
+        ref = self.gate.reference
+        if ref is None:
+            return
+        if self.execution.executor == "local" and not ref.python:
+            raise ValueError("gate.reference.python: the local executor runs the reference in an interpreter on this "
+                             "machine whose package set has the reference's digest; name it (or use the container "
+                             "executor, which runs the image by digest)")
+        if ref.variant and (self.training is None or ref.variant not in {v.name for v in self.training.variants}):
+            known = ", ".join(v.name for v in self.training.variants) if self.training else "no training matrix"
+            raise ValueError(f"gate.reference.variant: {ref.variant!r} is not a training variant ({known})")
+        if sum(self._base_counts().values()) <= _ENUMERABLE and not self.reference_case_ids():
+            compared = sorted({k for k in self.gate.regression.metrics if self.gate.regression.metrics_for(k)})
+            raise ValueError(f"gate.reference.cases: {ref.cases!r} matches no case whose kind has a compared metric "
+                             f"({', '.join(compared)}; gate.regression.metrics)")
+
+    def base_case_ids(self) -> list[tuple[str, str]]:
+        """(case id, kind) of every case but the reference ones, without building a case (bounded by the case
+        cap, checked before)."""
+        ids: list[tuple[str, str]] = []
+        if self.training is not None:
+            ids += [(f"train/{m.name}/{v.name}", "train") for m in self.training.models for v in self.training.variants]
+        if self.inference is not None:
+            ids += [(f"infer/{m.name}/{s.scheme}", "infer") for m in self.inference.models for s in m.schemes]
+        for custom in self.custom_cases:
+            stem = f"{custom.kind}/{custom.name}"
+            ids += [(stem + (f"/{k:04d}" if custom.count > 1 else ""), custom.kind) for k in range(custom.count)]
+        return ids
+
+    def reference_case_ids(self) -> list[str]:
+        """The cases re-measured against gate.reference: those its glob names whose kind has a compared metric."""
+        ref = self.gate.reference
+        if ref is None:
+            return []
+        return [case_id for case_id, kind in self.base_case_ids()
+                if self.gate.regression.metrics_for(kind) and ref.covers(case_id)]
 
     def _launches_cover_first_look(self) -> None:
         """min_samples above a compared kind's planned launches: a default launch count rises to min_samples,
         a count the manifest gave is refused (never a silent fallback to a weaker rule)."""
         reg = self.gate.regression
-        if not (reg.enabled and self.release.previous_tag):
+        if not ((reg.enabled and self.release.previous_tag) or self.gate.reference):
             return
         kinds = ({"train"} if self.training else set()) | ({"infer"} if self.inference else set()) | {
             c.kind for c in self.custom_cases}
@@ -163,6 +206,15 @@ class ReleaseManifest(Strict):
     def case_counts(self) -> dict[str, int]:
         """How many cases each part of the matrix expands to, by field path, computed
         without expanding anything (the case cap is checked on this, in microseconds)."""
+        counts = self._base_counts()
+        if self.gate.reference is not None:
+            # At most one more case per case; counted exactly only when the rest can be enumerated cheaply (a
+            # hostile matrix is refused by the cap on the upper bound, never enumerated).
+            rest = sum(counts.values())
+            counts["gate.reference"] = len(self.reference_case_ids()) if rest <= _ENUMERABLE else rest
+        return counts
+
+    def _base_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         if self.training is not None:
             counts["training"] = len(self.training.models) * len(self.training.variants)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from qualify import metrics as metric_info
-from qualify.manifest.base import Name, Scheme, Strict
+from qualify.manifest.base import Name, Scheme, Strict, check_reference
 
 
 WAIVER_MAX_MODEL_LEN = "max_model_len_limit"
@@ -132,6 +132,62 @@ class Waiver(Strict):
         return fnmatch.fnmatchcase(case_id, self.cases) and self.covers_check(check)
 
 
+REFERENCE_PREFIX = "reference/"  # a reference case's id: this prefix, then the case it re-measures
+
+
+def is_reference_case(case: Any) -> bool:
+    """A case that re-measures another against gate.reference (its id starts with `reference/`)."""
+    return str(getattr(case, "case_id", case)).startswith(REFERENCE_PREFIX)
+
+
+class ReferenceImage(Strict):
+    """An image the candidate must beat, or stay within a tolerance of (the release note's "base vs. optimized"),
+    that is not the previous release: each case its `cases` glob names runs again as `reference/<case id>`,
+    the candidate beside this image, paired or in duet, and the gate's interval rule decides it against
+    `min_gain` (a required gain: superiority shown) or `max_regression` (a tolerance: non-inferiority shown)."""
+
+    image: str = Field(description="the reference image, by digest: registry/repository@sha256:<hex>")
+    label: str | None = Field(default=None, max_length=200, description="what to call it in the report")
+    python: str | None = Field(default=None, description="local executor: an interpreter whose package set has "
+                                                         "exactly the image's digest (the local builder's digest)")
+    mode: Literal["paired", "duet"] = "paired"
+    cases: str = Field(default="*", description="glob over the case ids compared with the reference")
+    # The release note compares the standard image as it comes with the optimized image with its optimizations on:
+    # a training case's reference side runs this variant of the same model (e.g. `base`); default: the same case.
+    variant: Name | None = None
+    min_gain: float | None = Field(default=None, gt=-1, lt=10, description="required relative gain, e.g. 0.15 "
+                                                                             "for +15% (superiority shown)")
+    max_regression: float | None = Field(default=None, gt=0, lt=1, description="tolerated drop instead of a gain")
+
+    @field_validator("image")
+    @classmethod
+    def _by_digest(cls, value: str) -> str:
+        ref = check_reference(value)
+        if not ref.digest:
+            raise ValueError(f"{value!r} names no digest: a reference image is named by digest "
+                             "(registry/repository@sha256:<hex>), never by a tag that can move")
+        return value
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "ReferenceImage":
+        if (self.min_gain is None) == (self.max_regression is None):
+            raise ValueError("give exactly one of 'min_gain' (a required gain, e.g. 0.15) or 'max_regression' "
+                             "(a tolerated drop, e.g. 0.05)")
+        return self
+
+    @property
+    def required_change(self) -> float:
+        """The change the candidate's worst end must reach: +min_gain, or -max_regression."""
+        return self.min_gain if self.min_gain is not None else -float(self.max_regression or 0)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.image
+
+    def covers(self, case_id: str) -> bool:
+        return fnmatch.fnmatchcase(case_id, self.cases)
+
+
 class GatePolicy(Strict):
     thresholds: list[Threshold] = Field(default_factory=list)
     regression: RegressionPolicy = Field(default_factory=RegressionPolicy)
@@ -143,6 +199,17 @@ class GatePolicy(Strict):
     agreement_max_drop: float = Field(default=0.01, ge=0, lt=1)
     probes_required: bool = True
     waivers: list[Waiver] = Field(default_factory=list)
+    reference: ReferenceImage | None = None
+
+    def regression_for(self, case: Any) -> RegressionPolicy:
+        """The comparison rule a case is judged by: gate.regression, or for a reference case the same rule
+        against the reference (its mode, and its required change as a signed margin: max_regression -0.15 is
+        "a gain of 15% shown"; the interval rule is the same, gate/noninferiority)."""
+        if self.reference is None or not is_reference_case(case):
+            return self.regression
+        return RegressionPolicy.model_construct(**{**dict(self.regression), "baseline": self.reference.mode,
+                                                   "max_regression": -self.reference.required_change,
+                                                   "enabled": True})
 
     @field_validator("agreement")
     @classmethod

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from qualify.numbers import signed_pct
+from qualify.manifest.policy import is_reference_case
 from qualify.report import charts
 from qualify.report.views import STATUS_ORDER, fmt_number, reasons_by_status
 
@@ -129,7 +130,7 @@ def _banner(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
 
 NAV = [("gate", "verdict"), ("run", "run"), ("history", "other runs"), ("promotions", "promotions"),
        ("components", "components"), ("training", "training"),
-       ("baseline", "baseline"), ("inference", "inference"), ("probes", "probes"), ("waivers", "waivers"),
+       ("baseline", "baseline"), ("reference", "reference"), ("inference", "inference"), ("probes", "probes"), ("waivers", "waivers"),
        ("retries", "retries"), ("cases", "cases"), ("environment", "environment")]
 
 
@@ -269,7 +270,9 @@ def _training(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
                       row_classes=classes))
     for model in dict.fromkeys(case["model"] for case in train):
         chart_rows = []
-        for case in (case for case in train if case["model"] == model):
+        # The ablation chart draws each variant once: a reference case (gate.reference) is the same variant
+        # measured again beside another image, shown in its own section.
+        for case in (case for case in train if case["model"] == model and not is_reference_case(case["case_id"])):
             metrics = case["metrics"] or {}
             low, high = _span((case.get("samples") or {}).get("tokens_per_s"))
             gain_reason = gains.get(case["case_id"])
@@ -396,6 +399,42 @@ def _duet(rows_in: list[dict[str, Any]], policy: dict[str, Any]) -> str:
     out.append(_table(["case", "metric", "change", "worst .. best", "one-sided level", "launch pairs", "units",
                        "side bias (removed)", "baseline image", "gate", "detail"], rows,
                       classes=["", "", "num", "num", "num", "num", "num", "num", "", "", ""], row_classes=classes))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _reference(decision: dict[str, Any] | None) -> str:
+    """gate.reference -- the candidate measured beside an image it must beat (or stay within a tolerance of): the
+    gain with its interval against the required one, per reference case. Empty when no reference was named."""
+    reasons = [r for r in (decision or {}).get("reasons") or [] if r.get("check") == "reference" and r.get("case_id")]
+    if not reasons:
+        return ""
+    first = reasons[0].get("figures") or {}
+    required = first.get("required_change")
+    rule = ("a gain shown: PASS when the worst end is at or above the required gain, FAIL when even the best end "
+            "is below it" if isinstance(required, (int, float)) and required > 0 else
+            "within a tolerance: PASS when the worst end is within it, FAIL when even the best end is beyond it")
+    out = ["<section id='reference'><h2>Against the reference image</h2>",
+           f"<p>{esc(str(first.get('reference') or ''))} ({esc(str(first.get('reference_image') or ''))}) was measured "
+           "beside the candidate, with the same case, on the same node; the change is candidate / reference − 1 in "
+           f"the better direction, decided by the gate's interval rule: {rule}, else INCOMPLETE.</p>"]
+    rows, classes = [], []
+    for reason in reasons:
+        f = reason.get("figures") or {}
+        change = f.get("change", f.get("estimate"))
+        worst, best = f.get("change_worst", f.get("lower")), f.get("change_best", f.get("upper"))
+        units = f.get("n", f.get("pairs"))
+        rows.append([esc(reason["case_id"]), esc(str(f.get("metric") or "")),
+                     esc(f"{change * 100:+.1f}%" if isinstance(change, (int, float)) else "n/a"),
+                     esc(f"{worst * 100:+.1f}% .. {best * 100:+.1f}%"
+                         if isinstance(worst, (int, float)) and isinstance(best, (int, float)) else "n/a"),
+                     esc(f"{f['required_change'] * 100:+.1f}%" if isinstance(f.get("required_change"), (int, float))
+                         else "n/a"),
+                     esc(f"{units} {f.get('unit') or 'launch pairs'}" if units is not None else "n/a"),
+                     _status(reason.get("status")), esc(reason.get("message") or "")])
+        classes.append("bad" if reason.get("status") == "FAIL" else "")
+    out.append(_table(["case", "metric", "change", "worst .. best", "required", "units", "gate", "detail"], rows,
+                      classes=["", "", "num", "num", "num", "num", "", ""], row_classes=classes))
     out.append("</section>")
     return "".join(out)
 
@@ -616,12 +655,14 @@ def render(view: dict[str, Any]) -> str:
     """The report of reporting.report_view (run_detail's keys are enough: policy and baseline are optional)."""
     decision = view["decisions"][-1] if view["decisions"] else None
     verdict = decision["verdict"] if decision else "no decision"
+    reference = _reference(decision)
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{esc(verdict)}: {esc(view['release'])} run {view['run']} — qualify report</title>",
         f"<style>{CSS}</style></head><body>",
         _banner(view, decision),
-        "<main><nav>" + "".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in NAV) + "</nav>",
+        "<main><nav>" + "".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in NAV
+                                if anchor != "reference" or reference) + "</nav>",
         _gate(decision),
         _run_facts(view, decision),
         _earlier_runs(view),
@@ -629,6 +670,7 @@ def render(view: dict[str, Any]) -> str:
         _components(view),
         _training(view, decision),
         _baseline(view),
+        reference,
         _calibrations(view),
         _inference(view, decision),
         _probes(view, decision),

@@ -11,7 +11,8 @@ params:
                                       and meaning as the training workload's: a higher-is-better figure (a
                                       rate, `*_per_s*`) is divided by 1 + f, a time (`*_s`, `*_s_p90`)
                                       multiplied by it, anything else left alone. A slower candidate on
-                                      demand (the baseline side of a paired case never gets it)
+                                      demand (the baseline side of a paired case never gets it); a
+                                      negative f does less work: a faster candidate (a reference to beat)
   steps: n                            also run n timed steps of real work (pure-Python arithmetic, `step_work`
                                       iterations a step, default 200000; with slowdown f, (1 + f) times that
                                       work): samples step_time_s, metric steps_per_s. With a duet section in
@@ -86,8 +87,8 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
             for v in samples.values()):
         raise protocol.BadCase("params.samples must map metric names to non-empty lists of numbers")
     slowdown = params.get("slowdown", 0.0)
-    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 10:
-        raise protocol.BadCase(f"params.slowdown: a fraction in [0, 10), got {slowdown!r}")
+    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not -0.9 <= slowdown < 10:
+        raise protocol.BadCase(f"params.slowdown: a fraction in [-0.9, 10), got {slowdown!r}")
     series = {name: [_slowed(name, float(x), slowdown) for x in values] for name, values in samples.items()}
     metrics = {name: statistics.median(values) for name, values in series.items()}
     environment = protocol.environment_base()
