@@ -168,12 +168,17 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         ctx.progress.listeners.extend(process_listeners())  # the CLI's progress line, when it drives this run
         logger.info("run %s of %s %s: %d cases", ctx.run_id, ctx.manifest.release.name, ctx.manifest.release.tag,
                     len(ctx.cases))
+        if ctx.manifest.build.on == "cluster":  # the build is a Ray task on a builder node: Ray first
+            with ctx.timed_stage("ray"):
+                ray_handle = start_ray(ctx.ray_address)
+                ctx.record_cluster(cluster_nodes())
         with ctx.timed_stage("build"):
             build = _unwrap(obtain_candidate_task(ctx, wait))
         logger.info("candidate %s (%s)", build.digest, build.builder)
-        with ctx.timed_stage("ray"):
-            ray_handle = start_ray(ctx.ray_address)
-            ctx.record_cluster(cluster_nodes())
+        if ray_handle is None:
+            with ctx.timed_stage("ray"):
+                ray_handle = start_ray(ctx.ray_address)
+                ctx.record_cluster(cluster_nodes())
         ctx.pull_images()  # stage `pull`: the images on every node that will run cases, once, before them
         with ctx.timed_stage("verify"):
             checks = verify_components_task(ctx)

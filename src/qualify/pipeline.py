@@ -101,7 +101,7 @@ class RunContext:
     def record_cluster(self, nodes: list[dict[str, float]]) -> None:
         """The alive Ray nodes' CPUs and GPUs at the start of the cases (the report's makespan bound)."""
         with self.run_row() as (_session, run):
-            run.cluster = {"nodes": nodes}
+            run.cluster = {**(run.cluster or {}), "nodes": nodes}
 
     def pull_images(self) -> list[dict[str, Any]]:
         """Before the cases: each node that will run cases pulls the images they run in (the candidate's, and the
@@ -237,10 +237,22 @@ def _whoami() -> str:
 # --------------------------------------------------------------------------- candidate
 
 
+def _build(ctx: RunContext) -> BuildResult:
+    """On the driver, or (build.on: cluster) as a Ray task on a builder node, recorded in runs.cluster["build"]."""
+    if ctx.manifest.build.on != "cluster":
+        return build_candidate(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+    from qualify.execution.builds import build_on_cluster
+
+    build, where = build_on_cluster(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+    with ctx.run_row() as (_session, run):
+        run.cluster = {**(run.cluster or {}), "build": where.to_dict() if where else {"on": "driver (fallback)"}}
+    return build
+
+
 def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float = 3600) -> BuildResult:
     """Build or resolve the candidate, record its image, and bind the run to its digest."""
     try:
-        build = build_candidate(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+        build = _build(ctx)
     except BuildError as exc:
         if isinstance(exc, InfraError):  # not the candidate's fault: one line, the run an infrastructure error
             message = f"{exc}" + (f" (build log: {exc.log_path})" if exc.log_path else "")

@@ -184,3 +184,21 @@ def test_the_reference_side_runs_the_named_variant_as_it_comes() -> None:
     own = next(c for c in cases if c.case_id == "train/tiny/compile")
     assert _other_side_case(ctx, own) is own  # type: ignore[arg-type]
     assert "gate.reference.variant" in _problems(_text(variant="nope"))
+
+
+def test_a_gain_just_at_the_required_one_passes_at_most_alpha_of_the_time_simulated() -> None:
+    """The rule's error rates against a required gain, by simulation (benchmarks/gate_simulation.simulate_paired, the
+    sequential paired runner with a shared run offset): a candidate exactly +15% faster is a false PASS for
+    min_gain 0.15 at most alpha of the time (three standard errors of slack); +30% PASSes, +5% FAILs."""
+    from benchmarks import gate_simulation
+
+    trials, slack = 400, 3 * math.sqrt(0.05 * 0.95 / 400)
+    for noise in (0.02, 0.05):
+        at = gate_simulation.simulate_paired(drop=1 - 1.15, noise=noise, offset=0.03, trials=trials, seed=7,
+                                             max_regression=-0.15)
+        assert at.pass_rate <= 0.05 + slack, at
+    clear = gate_simulation.simulate_paired(drop=1 - 1.30, noise=0.02, offset=0.03, trials=trials, seed=8,
+                                            max_regression=-0.15)
+    short = gate_simulation.simulate_paired(drop=1 - 1.05, noise=0.02, offset=0.03, trials=trials, seed=9,
+                                            max_regression=-0.15)
+    assert clear.pass_rate > 0.9 and short.fail_rate > 0.9, (clear, short)

@@ -65,6 +65,8 @@ def _print_run(d: dict[str, Any], verbose: bool = False) -> None:
         out.print(d["launch_time"]["line"], markup=False)
     if d.get("schedule"):
         out.print(d["schedule"]["line"], markup=False)
+    if d.get("build_where"):
+        out.print(d["build_where"], markup=False)
     if d.get("pulls"):
         out.print(d["pulls"], markup=False)
     if d["components"]:

@@ -72,6 +72,13 @@ class BuildSpec(Strict):
     # Host paths outside the manifest's repository that containerfile/context/context:NAME may
     # name, each with a reason (shown with the build result).
     host_paths: list[HostPath] = Field(default_factory=list)
+    # Where a container build runs: on the driver, or as a Ray task on a node that declares the `builder`
+    # resource (execution/builds.py: the files the build reads travel with it; it pushes the candidate and
+    # returns the digest; the driver needs no container tool).
+    on: Literal["driver", "cluster"] = "driver"
+    # build.on: cluster and no node declares `builder`: build on the driver instead (said in the build log), rather
+    # than an infrastructure error (exit 3).
+    driver_fallback: bool = False
 
     @field_validator("containerfile", "context", "ca_bundle")
     @classmethod
@@ -93,6 +100,9 @@ class BuildSpec(Strict):
     def _needs(self) -> "BuildSpec":
         if self.builder in ("buildah", "podman", "docker") and not self.containerfile:
             raise ValueError(f"builder {self.builder!r} needs 'containerfile'")
+        if self.on == "cluster" and self.builder not in ("buildah", "podman", "docker"):
+            raise ValueError(f"on: cluster builds an image on a builder node; builder {self.builder!r} builds none "
+                             "(use buildah, podman or docker, or on: driver)")
         if self.builder == "prebuilt":
             if not self.reference:
                 raise ValueError("builder 'prebuilt' needs 'reference'")

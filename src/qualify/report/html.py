@@ -191,6 +191,8 @@ def _run_facts(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
         rows.append(["launch time", esc(view["launch_time"]["line"])])
     if view.get("schedule"):
         rows.append(["schedule", esc(view["schedule"]["line"].removeprefix("schedule: "))])
+    if view.get("build_where"):
+        rows.append(["build", esc(view["build_where"].removeprefix("build: "))])
     if view.get("pulls"):
         rows.append(["image pulls", esc(view["pulls"].removeprefix("pulls: "))])
     return ("<section id='run'><h2>Run</h2><table>"

@@ -66,6 +66,17 @@ def pull_line(pulls: Sequence[Mapping[str, Any]]) -> str | None:
     return f"pulls: {', '.join(images)} on {len(pulls)} node(s) before the cases: {each}"
 
 
+def build_line(build: Mapping[str, Any] | None) -> str | None:
+    """`build: on the cluster, node <host> (<id>), 41.2 s, 1.2 MB of build files` (build.on: cluster); None else."""
+    if not build:
+        return None
+    if "node_id" not in build:
+        return f"build: {build.get('on') or 'on the driver'}"
+    return (f"build: on the cluster, node {build.get('host')} ({str(build.get('node_id'))[:12]}), "
+            f"{float(build.get('seconds') or 0.0):.1f} s, {int(build.get('archive_bytes') or 0) / 1e6:.1f} MB of "
+            "build files shipped")
+
+
 def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
     run = repo.get_run(session, run_id)
     if run is None:
@@ -89,6 +100,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         "launch_time": {**spent.as_dict(), "line": spent.line()},
         "schedule": schedule.as_dict() if schedule else None,
         "pulls": pull_line((run.cluster or {}).get("pulls") or []),
+        "build_where": build_line((run.cluster or {}).get("build")),
         "components": [
             {"name": c.name, "rule": c.rule, "expected": c.expected, "actual": c.actual, "ok": c.ok,
              "optional": c.optional, "detail": c.detail}
@@ -183,6 +195,8 @@ def summary_markdown(detail: dict[str, Any], report_link: str) -> str:
         lines += [detail["launch_time"]["line"], ""]
     if detail.get("schedule"):
         lines += [detail["schedule"]["line"], ""]
+    if detail.get("build_where"):
+        lines += [detail["build_where"], ""]
     if detail.get("pulls"):
         lines += [detail["pulls"], ""]
     if groups.get("PASS"):
