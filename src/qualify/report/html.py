@@ -248,9 +248,13 @@ def _training(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
     evidence = _reasons_by_case(decision, "variant_evidence")
     policy_gains = {gain["variant"]: gain for gain in ((view.get("policy") or {}).get("variant_gains") or [])}
     rows, classes = [], []
+    beside = []  # cases measured at the same time as another image (duet): their rates are not alone-rates
     for case in train:
         metrics = case["metrics"] or {}
         low, high = _span((case.get("samples") or {}).get("tokens_per_s"))
+        duet = ((case.get("environment") or {}).get("duet") or {}) if isinstance(case.get("environment"), dict) else {}
+        if isinstance(duet, dict) and duet.get("mode") == "duet":
+            beside.append(case["case_id"])
         gain_reason = gains.get(case["case_id"])
         figures = (gain_reason or {}).get("figures") or {}
         required = figures.get("min_gain", (policy_gains.get(case["variant"]) or {}).get("min_gain"))
@@ -270,6 +274,11 @@ def _training(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
                        "gain over baseline [90% interval]", "required", "gain check", "variant evidence"], rows,
                       classes=["", "", "num", "num", "num", "num", "num", "num", "", "num", "", ""],
                       row_classes=classes))
+    if beside:
+        out.append(f"<p class='note'>{esc(', '.join(beside))}: measured in duet, at the same time as the other image "
+                   "on the same node (the two sides share it, on CPUs trading cores every step), so their tokens/s, "
+                   "TFLOP/s, MFU and step times are lower than the image's alone; what the gate judges is the ratio "
+                   "of the two sides, step by step (the duet section).</p>")
     for model in dict.fromkeys(case["model"] for case in train):
         chart_rows = []
         # The ablation chart draws each variant once: a reference case (gate.reference) is the same variant
