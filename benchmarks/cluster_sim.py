@@ -74,13 +74,14 @@ def simulate(manifest: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
              log_dir: Path, release: str = "submitted") -> Simulation:
     from qualify.manifest.cases import expand
     from qualify.manifest.load import load_manifest
-    from qualify.plan import ClusterShape, demand_of, lower_bound, schedule, submission_order
+    from qualify.plan import ClusterShape, demand_of, lower_bound, pairing_of, schedule, submission_order
     from support.ray_cluster import CLIENT_ENV, loopback_cluster
 
-    release = load_manifest(manifest).release
-    cases = expand(release)
+    release_manifest = load_manifest(manifest).release  # not `release`: that is the hand-over mode below
+    cases = expand(release_manifest)
     shape = ClusterShape(nodes, gpus_per_node, cpus_per_node)
-    demands = {c.case_id: demand_of(c) for c in cases}
+    # As `qualify plan` plans them: a reference (or paired) case's two sides one after the other, a duet's at once.
+    demands = {c.case_id: demand_of(c, None, pairing_of(release_manifest, c, shape)) for c in cases}
     plan = schedule(demands.values(), shape)
     if plan.refused:
         raise SystemExit(f"the plan refuses cases: {plan.refused}")
@@ -98,7 +99,7 @@ def simulate(manifest: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
         bind_local_cluster_to_loopback()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         try:
-            timings = _run(submission_order(cases), demands, planned, scale, release)
+            timings = _run(submission_order(cases, None, release_manifest), demands, planned, scale, release)
         finally:
             ray.shutdown()
     first = min(t[0] for t in timings.values())

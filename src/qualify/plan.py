@@ -17,8 +17,9 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
+from qualify.manifest import ReleaseManifest, is_reference_case
 from qualify.manifest.cases import Case
 
 
@@ -89,13 +90,39 @@ def estimate_duration(case: Case) -> float:
     return min(per_launch, float(case.timeout_s)) * launches
 
 
-def demand_of(case: Case, history_s: Mapping[str, float] | None = None) -> CaseDemand:
+Pairing = Literal["alone", "paired", "duet"]
+
+
+def pairing_of(release: ReleaseManifest, case: Case, shape: ClusterShape | None = None) -> Pairing:
+    """How a case shares its node with the other side of its comparison (the previous release's image, or
+    gate.reference's): paired runs both sides' launches one after the other (twice the launches), a duet holds
+    both sides at once (twice the resources; where no node of the shape can hold that, it falls back to paired,
+    as the runner does). Alone: no comparison re-measures anything beside it."""
+    rule = release.gate.regression_for(case)
+    if not rule.enabled or not rule.metrics_for(case.kind) or case.resources.nodes > 1:
+        return "alone"
+    if not is_reference_case(case) and not (rule.baseline in ("paired", "duet") and release.release.previous_tag):
+        return "alone"
+    if rule.baseline == "duet":
+        if shape is None or (2 * case.resources.gpus <= shape.gpus_per_node
+                             and 2 * case.resources.cpus <= shape.cpus_per_node):
+            return "duet"
+        return "paired"
+    return "paired" if rule.baseline == "paired" else "alone"
+
+
+def demand_of(case: Case, history_s: Mapping[str, float] | None = None, pairing: Pairing = "alone") -> CaseDemand:
+    """What the case asks: its measured duration (which already includes its other side), else the estimate, twice
+    for a paired case; twice the per-node resources for a duet, whose one task holds both sides."""
     nodes = max(1, case.resources.nodes)
     known = (history_s or {}).get(case.case_id)
+    sides = 2 if pairing == "duet" else 1
     return CaseDemand(case_id=case.case_id,
-                      duration_s=known if known is not None else estimate_duration(case),
+                      duration_s=known if known is not None else
+                      estimate_duration(case) * (2 if pairing == "paired" else 1),
                       source="history" if known is not None else "estimate", nodes=nodes,
-                      gpus_per_node=case.resources.gpus / nodes, cpus_per_node=case.resources.cpus / nodes)
+                      gpus_per_node=sides * case.resources.gpus / nodes,
+                      cpus_per_node=sides * case.resources.cpus / nodes)
 
 
 def shape_problem(demand: CaseDemand, shape: ClusterShape) -> str | None:
@@ -202,8 +229,12 @@ def queue_key(demand: CaseDemand) -> tuple[float, float, float, str]:
             demand.case_id)
 
 
-def submission_order(cases: Sequence[Case], history_s: Mapping[str, float] | None = None) -> list[Case]:
+def submission_order(cases: Sequence[Case], history_s: Mapping[str, float] | None = None,
+                     release: ReleaseManifest | None = None) -> list[Case]:
     """The order the flow hands the cases to Ray: the plan's own (queue_key: longest first by history, else the
-    estimate; among equals the bigger gang), so that a long case never starts last behind short ones and the run
-    follows the schedule `qualify plan` printed."""
-    return sorted(cases, key=lambda c: queue_key(demand_of(c, history_s)))
+    estimate, paired and duet cases as they will run; among equals the bigger gang), so that a long case never
+    starts last behind short ones and the run follows the schedule `qualify plan` printed."""
+    def demand(case: Case) -> CaseDemand:
+        return demand_of(case, history_s, pairing_of(release, case) if release is not None else "alone")
+
+    return sorted(cases, key=lambda c: queue_key(demand(c)))

@@ -100,3 +100,28 @@ def test_the_flow_submits_in_the_plans_own_order_bigger_gangs_first_among_equals
     deepseek = [planned.index(c) for c in planned if c.startswith("infer/deepseek-r1/")]
     small = [planned.index(c) for c in planned if c.startswith("infer/qwen3-8b/")]
     assert max(deepseek) < min(small)
+
+
+def test_a_case_measured_beside_another_image_is_planned_as_it_runs() -> None:
+    """Paired: both sides' launches one after the other (twice the estimate); duet: one task holding both sides (twice
+    the resources), or paired where no node of the shape can hold both, as the runner falls back; a case nothing
+    re-measures is alone. A measured duration already includes its other side."""
+    from support.gate import release as make_release
+
+    from qualify.plan import pairing_of
+
+    reference = {"image": "127.0.0.1:5000/std/p@sha256:" + "ab" * 32, "python": "/opt/std/bin/python",
+                 "min_gain": 0.1, "cases": "train/*/base"}
+    rel = make_release(gate_extra={"reference": {**reference, "mode": "duet"}})
+    cases = {c.case_id: c for c in expand(rel)}
+    ref, own = cases["reference/train/tiny/base"], cases["train/tiny/base"]
+    wide = ClusterShape(nodes=1, gpus_per_node=8, cpus_per_node=64)
+    narrow = ClusterShape(nodes=1, gpus_per_node=8, cpus_per_node=ref.resources.cpus)  # one side's CPUs only
+    assert pairing_of(rel, own, wide) == "alone"  # history mode: the previous release is not re-measured
+    assert pairing_of(rel, ref, wide) == "duet" and pairing_of(rel, ref, narrow) == "paired"
+    alone, duet, paired = (demand_of(ref, None, p) for p in ("alone", "duet", "paired"))
+    assert (duet.cpus_per_node, duet.duration_s) == (2 * alone.cpus_per_node, alone.duration_s)
+    assert (paired.cpus_per_node, paired.duration_s) == (alone.cpus_per_node, 2 * alone.duration_s)
+    assert demand_of(ref, {ref.case_id: 42.0}, "paired").duration_s == 42.0
+    paired_rel = make_release(gate_extra={"reference": reference, "regression": {"baseline": "paired"}})
+    assert pairing_of(paired_rel, next(c for c in expand(paired_rel) if c.case_id == "train/tiny/base")) == "paired"

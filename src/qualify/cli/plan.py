@@ -11,11 +11,11 @@ import typer
 from qualify.cli.common import JsonOption, load, open_db, say
 from qualify.errors import BadInput
 from qualify.manifest.cases import expand
-from qualify.plan import ClusterShape, Plan, demand_of, schedule
+from qualify.plan import ClusterShape, Plan, demand_of, pairing_of, schedule
 from qualify.store import repo
 
 
-def _plan_dict(plan: Plan) -> dict[str, Any]:
+def _plan_dict(plan: Plan, pairing: dict[str, str]) -> dict[str, Any]:
     return {
         "cluster": {"nodes": plan.shape.nodes, "gpus_per_node": plan.shape.gpus_per_node,
                     "cpus_per_node": plan.shape.cpus_per_node},
@@ -23,7 +23,8 @@ def _plan_dict(plan: Plan) -> dict[str, Any]:
         "cases": [{"order": p.order, "case_id": p.demand.case_id, "duration_s": p.demand.duration_s,
                    "duration_from": p.demand.source, "nodes": list(p.node_indices), "start_s": p.start_s,
                    "end_s": p.end_s, "gpus_per_node": p.demand.gpus_per_node,
-                   "cpus_per_node": p.demand.cpus_per_node} for p in plan.cases],
+                   "cpus_per_node": p.demand.cpus_per_node, "pairing": pairing.get(p.demand.case_id, "alone")}
+                  for p in plan.cases],
         "refused": [{"case_id": case_id, "reason": reason} for case_id, reason in plan.refused],
     }
 
@@ -46,14 +47,16 @@ def plan(manifest: Path = typer.Argument(..., help="release manifest"),
         with open_db(db, migrate=False)() as session:
             history = repo.recent_exec_seconds(session, loaded.release.release.repository,
                                                [c.case_id for c in cases])
-    result = schedule([demand_of(c, history) for c in cases],
-                      ClusterShape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node))
+    shape = ClusterShape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node)
+    pairing = {c.case_id: pairing_of(loaded.release, c, shape) for c in cases}
+    result = schedule([demand_of(c, history, pairing[c.case_id]) for c in cases], shape)
     if as_json:
-        say(json.dumps(_plan_dict(result), indent=2))
+        say(json.dumps(_plan_dict(result, pairing), indent=2))
     else:
         for p in result.cases:
-            say(f"{p.order + 1:>3}  {p.demand.case_id:<40}  {p.demand.duration_s:>9.0f} s ({p.demand.source})  "
-                f"nodes {','.join(map(str, p.node_indices)):<8}  {p.start_s:>9.0f} .. {p.end_s:.0f} s")
+            side = {"paired": ", paired", "duet": ", duet"}.get(pairing[p.demand.case_id], "")
+            say(f"{p.order + 1:>3}  {p.demand.case_id:<40}  {p.demand.duration_s:>9.0f} s ({p.demand.source}{side})"
+                f"  nodes {','.join(map(str, p.node_indices)):<8}  {p.start_s:>9.0f} .. {p.end_s:.0f} s")
         for case_id, reason in result.refused:
             say(f"  -  {case_id:<40}  refused: {reason}")
         ratio = f"{result.ratio:.3f}" if result.ratio is not None else "n/a"

@@ -41,7 +41,7 @@ def pending_cases(ctx: RunContext, log: Callable[[str], None] = lambda _m: None)
     # The estimate of the end comes from earlier results only: a guess from parameters would be shown as a figure.
     ctx.progress.expected_s = dict(history)
     # Longest first (earlier results, else the estimate): a long case never starts last behind short ones.
-    return submission_order(pending, history)
+    return submission_order(pending, history, ctx.manifest)
 
 
 def commit_result(ctx: RunContext, result: spool.SpooledResult, log: Callable[[str], None]) -> bool:

@@ -10,7 +10,7 @@ the bound is then the longest case).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from qualify.numbers import finite
 from qualify.report.efficiency import LaunchTime, launch_time
@@ -44,12 +44,15 @@ def run_time(run: Any, results: Sequence[Any], cases: Sequence[Any]) -> tuple[La
     """The run's launch seconds and efficiency, and its schedule line, from its stored results (the one place
     `qualify run`'s outcome and the run views compute them)."""
     stages = run.stage_seconds or {}
+    # A case that ran in duet held both sides' resources for its time (what it really ran: its result says).
+    duets = {r.case_id for r in results if isinstance(r.environment, Mapping)
+             and isinstance(r.environment.get("duet"), Mapping) and r.environment["duet"].get("mode") == "duet"}
     return (launch_time((r.environment for r in results), stages),
-            makespan_view(cases, {r.case_id: r.exec_s for r in results}, run.cluster, stages))
+            makespan_view(cases, {r.case_id: r.exec_s for r in results}, run.cluster, stages, duets=duets))
 
 
 def makespan_view(cases: Sequence[Any], exec_s: Mapping[str, Any], cluster: Mapping[str, Any] | None,
-                  stage_seconds: Mapping[str, Any]) -> MakespanView | None:
+                  stage_seconds: Mapping[str, Any], duets: Collection[str] = ()) -> MakespanView | None:
     """`cases`: the run's manifest cases (qualify.manifest.cases.Case); `exec_s`: case id -> measured seconds;
     `cluster`: the run's recorded nodes. None when the run recorded no cluster, no cases stage or no case time."""
     from qualify.plan import ClusterShape, demand_of, lower_bound
@@ -60,7 +63,8 @@ def makespan_view(cases: Sequence[Any], exec_s: Mapping[str, Any], cluster: Mapp
         return None
     measured = {case_id: s for case_id, s in ((k, finite(v)) for k, v in exec_s.items()) if s is not None}
     # The plan's own demand, with the measured seconds as its history.
-    demands = [demand_of(case, measured) for case in cases if case.case_id in measured]
+    demands = [demand_of(case, measured, "duet" if case.case_id in duets else "alone")
+               for case in cases if case.case_id in measured]
     if not demands:
         return None
     cpus = sum(finite(node.get("CPU")) or 0.0 for node in nodes)
