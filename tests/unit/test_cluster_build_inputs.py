@@ -79,6 +79,19 @@ def test_a_context_too_heavy_to_ship_is_refused_with_the_way_out(tmp_path: Path,
                                  BuildLog(tmp_path / "data", "c"))
 
 
+def test_a_symlink_in_the_context_travels_as_the_symlink_a_local_build_would_copy(tmp_path: Path) -> None:
+    manifest_dir = _repo(tmp_path)
+    (tmp_path / "image" / "sub" / "lib").symlink_to("/usr/lib")
+    (tmp_path / "image" / "sub" / "here").symlink_to("a.txt")
+    archive, _ = builds.pack_build_inputs(_manifest({"containerfile": "../image/Containerfile"}), manifest_dir,
+                                          BuildLog(tmp_path / "data", "c"))
+    into = tmp_path / "unpacked"
+    into.mkdir()
+    builds._unpack(archive, into)
+    assert (into / "image" / "sub" / "lib").is_symlink() and str((into / "image" / "sub" / "lib").readlink()) == "/usr/lib"
+    assert (into / "image" / "sub" / "here").read_text() == "a\n"
+
+
 def test_an_archive_cannot_write_outside_its_folder(tmp_path: Path) -> None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -90,6 +103,18 @@ def test_an_archive_cannot_write_outside_its_folder(tmp_path: Path) -> None:
     with pytest.raises(tarfile.TarError):
         builds._unpack(buffer.getvalue(), into)
     assert not (tmp_path / "escaped.txt").exists()
+    # Nor through a link that leads out: a symlink to the parent, then a file written "inside" it.
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        link = tarfile.TarInfo("out")
+        link.type, link.linkname = tarfile.SYMTYPE, str(tmp_path)
+        tar.addfile(link)
+        info = tarfile.TarInfo("out/through.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(tarfile.TarError):
+        builds._unpack(buffer.getvalue(), into)
+    assert not (tmp_path / "through.txt").exists()
 
 
 def test_only_alive_nodes_that_declare_the_builder_resource_build() -> None:

@@ -105,8 +105,10 @@ def pack_build_inputs(manifest: ReleaseManifest, manifest_dir: Path, log: BuildL
 
 
 def _unpack(archive: bytes, into: Path) -> None:
+    # The "tar" filter: nothing is written outside `into` (no absolute member, no `..`, nothing through a link that
+    # leads out), while a symlink stays the symlink a local build's context would hold (even to an absolute path).
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        tar.extractall(into, filter="data")  # no absolute paths, no escape by .. or a link
+        tar.extractall(into, filter="tar")
     (into / ".git").mkdir(exist_ok=True)  # the unpacked tree is the manifest's repository (build paths confined)
 
 
@@ -125,7 +127,12 @@ def _build_here(manifest: ReleaseManifest, archive: bytes, manifest_rel: str) ->
     try:
         root = work / "repo"
         root.mkdir()
-        _unpack(archive, root)
+        try:
+            _unpack(archive, root)
+        except (tarfile.TarError, OSError) as exc:  # what the repository holds cannot be laid out here
+            return {**node, "ok": False, "error": "BuildInputError", "log_tail": "", "log": "",
+                    "message": f"the build's files cannot be unpacked on the builder node: {exc}",
+                    "seconds": time.monotonic() - started}
         data_dir = work / "data"
         try:
             result = build_candidate(manifest, data_dir=data_dir, manifest_dir=root / manifest_rel)
