@@ -31,10 +31,12 @@ REGRESSION_PAIRED = {"check": "regression", "case_id": "train/tiny/compile", "st
                      "figures": {"metric": "tokens_per_s", "ratio": 0.8, "tolerance": 0.05, "n_candidate": 4,
                                  "n_baseline": 4, "method": "paired-t-log", "baseline": "sha256:" + "cd" * 32,
                                  "baseline_samples": [1.0, 1.0, 1.0, 1.0]}}
-# the duet interval as gate/duet_stats stores it: relative change, positive = worse
+# the duet interval as gate/duet_stats stores it: the throughput's relative change, positive = the candidate better
+# (the record names the image as the runner describes it: the digest is read out of it)
 REGRESSION_DUET = {"check": "regression", "case_id": "train/tiny/duet", "status": "PASS", "message": "m",
                    "figures": {"metric": "tokens_per_s", "design": "duet", "estimate": -0.01, "lower": -0.04,
-                               "upper": 0.02, "n": 6, "baseline": "sha256:" + "12" * 32}}
+                               "upper": 0.02, "n": 6, "max_regression": 0.05,
+                               "baseline": "127.0.0.1:5000/q/demo:1.0@sha256:" + "12" * 32}}
 # the non-inferiority rule's figures: change and its worst/best ends, positive = better
 REGRESSION_NONINF = {"check": "regression", "case_id": "infer/tq/none", "status": "INCOMPLETE", "message": "m",
                      "figures": {"metric": "latency_s_p90", "direction": "lower", "design": "history-runs",
@@ -114,8 +116,9 @@ def test_our_predicate_round_trips_through_its_model_and_carries_the_evidence() 
     assert history["change"] == pytest.approx(-0.03) and history["margin"] == 0.05 and history["interval"] is None
     assert paired["design"] == "paired" and paired["baselineDigest"] == "sha256:" + "cd" * 32
     assert paired["nCandidate"] == 4 and paired["status"] == "FAIL"
-    assert duet["design"] == "duet" and duet["change"] == pytest.approx(0.01)
-    assert duet["interval"] == pytest.approx([-0.02, 0.04]) and duet["baselineDigest"] == "sha256:" + "12" * 32
+    # A duet 1% slower is attested 1% slower (the sign is the gate's: it was once flipped here), its worst end -4%.
+    assert duet["design"] == "duet" and duet["change"] == pytest.approx(-0.01) and duet["margin"] == 0.05
+    assert duet["interval"] == pytest.approx([-0.04, 0.02]) and duet["baselineDigest"] == "sha256:" + "12" * 32
     assert noninf["design"] == "history" and noninf["change"] == 0.01 and noninf["interval"] == [-0.08, 0.1]
     assert noninf["margin"] == 0.05 and noninf["status"] == "INCOMPLETE"
     assert threshold["design"] == "threshold" and threshold["value"] == 0.5 and threshold["bound"] == 2.0
@@ -208,3 +211,18 @@ def test_settings_hide_the_key() -> None:
     from qualify.executors.environment import withheld
 
     assert all(withheld(v) for v in ("QUALIFY_ATTEST_KEY", "QUALIFY_ATTEST_KEY_FILE", "QUALIFY_ATTEST_KEY_PASSWORD"))
+
+
+def test_a_reference_comparison_is_attested_with_the_reference_image_and_the_gain_required() -> None:
+    """gate.reference's line: the image compared with is the reference (never the previous release's run), and the
+    margin is the required gain, negative."""
+    reference = {"check": "reference", "case_id": "reference/train/tiny/base", "status": "PASS", "message": "m",
+                 "figures": {"metric": "tokens_per_s", "design": "paired-t", "change": 0.2, "change_worst": 0.17,
+                             "change_best": 0.23, "max_regression": -0.15, "n": 4, "baseline": "local interpreter",
+                             "required_change": 0.15,
+                             "reference_image": "127.0.0.1:5000/std/p@sha256:" + "9a" * 32}}
+    body = predicate.build(facts(reasons=[reference])).to_json_dict()
+    [line] = body["comparisons"]
+    assert line["check"] == "reference" and line["baselineDigest"] == "sha256:" + "9a" * 32
+    assert line["change"] == pytest.approx(0.2) and line["interval"] == pytest.approx([0.17, 0.23])
+    assert line["margin"] == pytest.approx(-0.15)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
@@ -49,7 +50,7 @@ class Comparison(_Model):
     n_baseline: int | None
     change: float | None  # relative change, positive = the candidate is better (thresholds: None)
     interval: list[float] | None  # [worst, best] of that change, when the gate computed one
-    margin: float | None  # the worsening the rule tolerates, a positive fraction (max_regression)
+    margin: float | None  # the worsening the rule tolerates (max_regression); negative: a gain required (reference)
     value: float | None = None  # thresholds: the measured figure
     bound: float | None = None  # thresholds: the limit it was held to
 
@@ -132,8 +133,8 @@ def _better_change(figures: Mapping[str, Any]) -> tuple[float | None, list[float
     if change is not None:
         return change, [worst, best] if worst is not None and best is not None else None
     estimate, lower, upper = (_number(figures.get(k)) for k in ("estimate", "lower", "upper"))
-    if estimate is not None:  # duet_stats: relative change, positive = worse
-        return -estimate, [-upper, -lower] if lower is not None and upper is not None else None
+    if estimate is not None:  # duet_stats: the throughput's relative change, positive = the candidate better
+        return estimate, [lower, upper] if lower is not None and upper is not None else None
     ratio = _number(figures.get("ratio"))
     if ratio is None or ratio <= 0:
         return None, None
@@ -152,11 +153,13 @@ def _design(figures: Mapping[str, Any]) -> Design:
 def _baseline_digest(figures: Mapping[str, Any], fallback: str | None) -> str | None:
     """The image compared with: paired and duet store it (a digest, or a record with one); history's is the
     baseline run's candidate."""
-    base = figures.get("baseline")
-    if isinstance(base, str) and base.startswith("sha256:"):
-        return base
-    if isinstance(base, Mapping) and isinstance(base.get("digest"), str):
-        return str(base["digest"])
+    for key in ("reference_image", "baseline"):  # gate.reference's image first: a reference check names it
+        base = figures.get(key)
+        if isinstance(base, Mapping) and isinstance(base.get("digest"), str):
+            return str(base["digest"])
+        found = re.search(r"sha256:[0-9a-f]{64}", base) if isinstance(base, str) else None
+        if found:  # a digest, or a reference / an executor's description that holds one
+            return found.group(0)
     return fallback
 
 
@@ -164,14 +167,15 @@ def comparison(reason: Mapping[str, Any], history_baseline: str | None) -> Compa
     check = str(reason.get("check") or "")
     figures = reason.get("figures") if isinstance(reason.get("figures"), Mapping) else {}
     assert isinstance(figures, Mapping)
-    if check == "regression" and reason.get("case_id"):
+    if check in ("regression", "reference") and reason.get("case_id"):
         change, interval = _better_change(figures)
         margin = next((m for m in (_number(figures.get(k)) for k in ("max_regression", "margin", "tolerance"))
                        if m is not None), None)
         n_candidate = figures.get("n_candidate", figures.get("n"))
         return Comparison(case_id=reason.get("case_id"), check=check, metric=figures.get("metric"),
                           status=str(reason.get("status")), design=_design(figures),
-                          baseline_digest=_baseline_digest(figures, history_baseline),
+                          baseline_digest=_baseline_digest(figures, history_baseline if check == "regression"
+                                                           else None),
                           n_candidate=n_candidate if isinstance(n_candidate, int) else None,
                           n_baseline=figures.get("n_baseline") if isinstance(figures.get("n_baseline"), int) else None,
                           change=change, interval=interval, margin=margin)

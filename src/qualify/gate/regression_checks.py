@@ -173,7 +173,8 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
         interval = duet_stats.duet_interval(blocks, alpha=look_alpha) if look_alpha > 0 else None
         call = duet_stats.decide(interval, reg.max_regression)
         for metric in reg.metrics_for(case.kind):
-            figures: dict[str, Any] = {"metric": metric, "baseline": record.get("baseline"),
+            figures: dict[str, Any] = {"metric": metric, "baseline": record.get("baseline_image")
+                                       or record.get("baseline"), "max_regression": reg.max_regression,
                                        "pairs": len(blocks), "call": call.value, "look_alpha": look_alpha,
                                        "pairs_run": max(len(ran), len(blocks)), "pairs_left_out": len(left_out),
                                        "pairs_planned": looks.planned, "pairs_budget": looks.budget,
