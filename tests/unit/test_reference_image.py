@@ -202,3 +202,12 @@ def test_a_gain_just_at_the_required_one_passes_at_most_alpha_of_the_time_simula
     short = gate_simulation.simulate_paired(drop=1 - 1.05, noise=0.02, offset=0.03, trials=trials, seed=9,
                                             max_regression=-0.15)
     assert clear.pass_rate > 0.9 and short.fail_rate > 0.9, (clear, short)
+
+
+def test_calibration_leaves_reference_cases_out() -> None:
+    """`qualify calibrate` measures history mode's run-to-run variation; a reference case is measured beside its
+    reference image, needs none, and would only run its own case again."""
+    from qualify.execution.calibrate import calibrated_cases
+
+    ids = [c.case_id for c in calibrated_cases(_release())]
+    assert "train/tiny/base" in ids and not any(i.startswith("reference/") for i in ids)

@@ -23,7 +23,7 @@ from qualify.errors import BadInput, InfraError
 from qualify.execution.ray import run_case_on_ray
 from qualify.executors import Executor
 from qualify.gate import calibration
-from qualify.manifest import ReleaseManifest, fingerprint
+from qualify.manifest import ReleaseManifest, fingerprint, is_reference_case
 from qualify.manifest.cases import Case, expand
 from qualify.result_document import per_launch_series
 from qualify.store import repo
@@ -46,8 +46,11 @@ class Measured:
 
 
 def calibrated_cases(manifest: ReleaseManifest) -> list[Case]:
+    """The cases history mode compares run against run: a gate.reference case is measured beside its reference
+    image (paired or duet), which needs no calibration, and would only repeat its own case here."""
     reg = manifest.gate.regression
-    return [c for c in expand(manifest) if reg.metrics_for(c.kind) and c.resources.nodes == 1]
+    return [c for c in expand(manifest)
+            if reg.metrics_for(c.kind) and c.resources.nodes == 1 and not is_reference_case(c)]
 
 
 def _one_run(executor: Executor, case: Case, slowdown: float) -> dict[str, Any]:
