@@ -11,13 +11,14 @@ digest there, and returns the result with its whole log (capped), which the driv
 - A failed build is the candidate's (exit 1), bad build input is the manifest's (exit 2), and a registry that does
   not answer is infrastructure (exit 3): the task returns the error's class by name, the driver raises the same.
 - No builder node: infrastructure (exit 3) naming the resource, or, with build.driver_fallback, the driver builds
-  (said in the log). A builder node or worker that dies, or a task that does not return in time: infrastructure.
+  (said in the run's record). A builder node or worker that dies, or a task that does not return in time: infrastructure.
 - Registry credentials never travel through Ray: the builder node pushes with its own (its containers auth file or
   QUALIFY_REGISTRY_* environment), as any node pulls with its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 import socket
@@ -163,16 +164,14 @@ def build_on_cluster(manifest: ReleaseManifest, *, data_dir: Path, manifest_dir:
                      nodes: Sequence[Mapping[str, Any]] | None = None) -> tuple[BuildResult, ClusterBuild | None]:
     """Build the candidate on a builder node of the connected Ray cluster (see the module docstring). Returns the
     result, its log written under data_dir/builds, and where it ran (None: built on the driver by fallback)."""
-    log = BuildLog(data_dir, manifest.release.name)
     if not builder_nodes(ray.nodes() if nodes is None else nodes):
-        if manifest.build.driver_fallback:
-            log.write(f"# no Ray node declares the '{BUILDER_RESOURCE}' resource: building on the driver "
-                      "(build.driver_fallback: true)")
+        if manifest.build.driver_fallback:  # the run's record says so (runs.cluster["build"], `runs show`)
             return build_candidate(manifest, data_dir=data_dir, manifest_dir=manifest_dir), None
         raise NoBuilderNode(f"build.on: cluster, but no alive node of the Ray cluster declares the "
                             f"'{BUILDER_RESOURCE}' resource (start one where buildah or podman is installed with "
                             f"`ray start ... --resources '{{\"{BUILDER_RESOURCE}\": 1}}'`), and "
                             "build.driver_fallback is off")
+    log = BuildLog(data_dir, manifest.release.name)
     archive, manifest_rel = pack_build_inputs(manifest, manifest_dir, log)
     log.write(f"# build on the cluster: {len(archive)} bytes of build files shipped to a '{BUILDER_RESOURCE}' node")
     task = ray.remote(num_cpus=1, max_retries=0, resources={BUILDER_RESOURCE: 1})(_build_here)
@@ -180,7 +179,8 @@ def build_on_cluster(manifest: ReleaseManifest, *, data_dir: Path, manifest_dir:
     try:
         out = ray.get(ref, timeout=manifest.build.timeout_s + TASK_GRACE_S)
     except Exception as exc:  # noqa: BLE001 - a node, worker or object store that failed: not the candidate's
-        ray.cancel(ref, force=True)
+        with contextlib.suppress(Exception):  # a task already gone cannot be cancelled; nothing else to do
+            ray.cancel(ref, force=True)
         message = (f"the build's Ray task on a '{BUILDER_RESOURCE}' node did not return: {type(exc).__name__}: "
                    f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")
         raise log.fail(message, error=BuildInfraError) from None
