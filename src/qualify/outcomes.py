@@ -68,6 +68,14 @@ class CaseOutcome:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def __repr__(self) -> str:
+        # Prefect logs a failed task run's state with its result's repr, in every UI log line about it: one short
+        # line (the case, how it ended, where), not every field with enum reprs and float noise.
+        how = self.status.value + (f" ({self.error_class.value})" if self.error_class else "")
+        return (f"CaseOutcome({self.case_id}: {how}, {self.attempts} attempt(s)"
+                + (f", {self.exec_s:.1f} s" if self.exec_s is not None else "")
+                + (f" on {self.node}" if self.node else "") + ")")
+
 
 @dataclass(frozen=True)
 class PromotionSummary:
