@@ -367,7 +367,8 @@ def test_the_driver_sends_duet_only_where_it_can_run() -> None:
                               **{**args, "case_doc": {"kind": "infer", "params": {"engine": "vllm"}}})
     assert isinstance(vllm, str) and "the vllm inference engine has no duet hook" in vllm and "paired" in vllm
     assert "no duet hook" in duet.driver_choice("probe", "local", infeasible=lambda r: None, **args)
-    assert "container executor" in duet.driver_choice("train", "container", infeasible=lambda r: None, **args)
+    # The container executor mounts the barrier folder into each side's container: duet there too.
+    assert isinstance(duet.driver_choice("train", "container", infeasible=lambda r: None, **args), duet.DuetPolicy)
 
 
 def _duet_result(effect: float, pairs: int = 4, block_sd: float = 0.005, seed: int = 0,

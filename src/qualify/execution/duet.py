@@ -21,10 +21,11 @@ core (pair_log_ratios) is left out of the interval and made up for by two more p
 
 Where duet cannot run, the case is measured paired (A B A B) and the result says why: the cluster has no node
 with both sides' resources (decided on the driver, pipeline), the node's cores cannot be split into two sets
-of the case's size, the executor cannot share the barrier directory (container), or the workload has no duet
-hook (inference on the vLLM engine: it batches requests in its own engine-core process, and there is no step both
-sides could start together). An inference case on the transformers engine runs in duet: its timed requests are
-the steps (one request at a time, the same prompts and token count on both sides).
+of the case's size, or the workload has no duet hook (inference on the vLLM engine: it batches requests in its own
+engine-core process, and there is no step both sides could start together). With the container executor, each
+side's container gets the barrier folder mounted at the same path (executors/container.duet_barrier_dir). An
+inference case on the transformers engine runs in duet: its timed requests are the steps (one request at a time,
+the same prompts and token count on both sides).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from qualify import result_document as rd
 from qualify.execution import launches
+from qualify.executors.container import DUET_DIR_PREFIX
 from qualify.manifest import Resources
 from qualify.workloads import duet as wduet
 
@@ -180,9 +182,8 @@ def unsupported_reason(kind: str, executor_kind: str, engine: str | None = None)
                     "process: no step both sides could start together); measured paired")
     elif kind not in DUET_KINDS:
         return f"a {kind} case has no duet hook (no timed step both sides could start together); measured paired"
-    if executor_kind != "local":
-        return (f"the {executor_kind} executor does not share the barrier directory with the workload yet; "
-                "measured paired")
+    if executor_kind not in ("local", "container"):
+        return f"the {executor_kind} executor cannot share the barrier directory with the workload; measured paired"
     return None
 
 
@@ -210,7 +211,7 @@ def run_pair(index: int, count: int, case_doc: Mapping[str, Any], baseline_doc: 
     """Launch pair `index`: both sides at once, each in a thread, on their cpu sets; a barrier directory of
     their own; when a side's process ends, the other is told (it then finishes alone, never waits)."""
     run = _PairRun(index, candidate_side(index))
-    directory = tempfile.mkdtemp(prefix="qualify-duet-")
+    directory = tempfile.mkdtemp(prefix=DUET_DIR_PREFIX)  # a container side gets it mounted at the same path
     try:
         wduet.make_barrier_dir(directory)
         cs = run.candidate_side

@@ -242,6 +242,9 @@ class ContainerExecutor:
                      "--volume", f"{pkg / 'workloads'}:{IN_IMAGE_ROOT}/qualify/workloads:ro"]
         if self.cache_root:
             argv += ["--volume", f"{self.cache_root}:{IN_IMAGE_CACHE}"]
+        duet_dir = duet_barrier_dir(case_doc)
+        if duet_dir:  # a duet side: the barrier's FIFOs at the same path inside (execution/duet.py makes the folder)
+            argv += ["--volume", f"{duet_dir}:{duet_dir}"]
         argv += self.device_args(gpu_ids)
         for key, value in self.fixed_env(gpu_ids):
             argv += ["--env", f"{key}={value}"]
@@ -360,6 +363,23 @@ class ContainerExecutor:
                 f"python3 is not on the image's PATH (the container executor needs an image with "
                 f"Python 3): {last}")
         return outcome_from_command(case_doc, res, argv, timeout_s, not_found_hint=hint, ending=ending)
+
+
+DUET_DIR_PREFIX = "qualify-duet-"  # execution/duet.run_pair's tempfile prefix
+
+
+def duet_barrier_dir(case_doc: dict[str, Any]) -> str | None:
+    """The duet barrier folder a side's case document names (None when it is no duet side). Only a folder the duet
+    runner makes is mounted: an absolute path whose last part carries its prefix, with no character that would
+    change the meaning of --volume; anything else is refused (ValueError), never mounted."""
+    section = case_doc.get("duet")
+    if not isinstance(section, dict) or section.get("dir") is None:
+        return None
+    folder = section["dir"]
+    if not (isinstance(folder, str) and os.path.isabs(folder) and Path(folder).name.startswith(DUET_DIR_PREFIX)
+            and re.fullmatch(r"[A-Za-z0-9_./-]+", folder) and ".." not in Path(folder).parts):
+        raise ValueError(f"duet.dir {folder!r} is not a duet barrier folder ({DUET_DIR_PREFIX}* under a temp dir)")
+    return os.path.normpath(folder)
 
 
 def _has_document(stdout: str) -> bool:

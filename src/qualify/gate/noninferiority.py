@@ -227,7 +227,9 @@ def history_interval(candidate: Sequence[float], baseline: Sequence[float], dire
     var = sum(v for v, _ in parts)
     if var == 0:
         return Interval(est, est, est, len(lc), "history-runs", "launches", alpha, sd_unit=0.0, df=None)
-    df = var ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
+    # Welch-Satterthwaite on the parts' shares of var (scale-free): var**2 and v**2 themselves underflow to 0 for
+    # a variance near 1e-137 (a hypothesis example: identical launches and a tiny run-to-run variation).
+    df = 1.0 / sum((v / var) ** 2 / d for v, d in parts if v > 0)
     half = _t_quantile(1 - alpha, df) * math.sqrt(var)
     pooled = math.sqrt((statistics.variance(lc) + statistics.variance(lb)) / 2)
     return Interval(est, est - half, est + half, len(lc), "history-runs", "launches", alpha, sd_unit=pooled,
