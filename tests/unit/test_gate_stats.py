@@ -189,3 +189,12 @@ def test_history_with_run_offsets_keeps_its_false_fail_rate_and_the_mutation_doe
 def test_history_with_run_offsets_never_passes_a_ten_percent_drop_more_than_alpha() -> None:
     slow = gate_simulation.simulate_history(drop=0.10, noise=0.02, offset=0.03, trials=TRIALS, seed=4)
     assert slow.pass_rate <= 0.05 + SLACK, slow
+
+
+def test_welch_degrees_of_freedom_are_scale_free_and_survive_tiny_variances() -> None:
+    parts = [(0.04, 2.0), (0.01, 4.0), (0.02, 5.0)]
+    expected = sum(v for v, _ in parts) ** 2 / sum(v ** 2 / d for v, d in parts)  # the textbook form
+    assert ni.welch_df(parts) == pytest.approx(expected, rel=1e-12)
+    tiny = [(v * 1e-270, d) for v, d in parts]  # v**2 underflows to 0: the textbook form divides by zero
+    assert ni.welch_df(tiny) == pytest.approx(expected, rel=1e-9)
+    assert ni.welch_df([(0.0, 3.0)]) == 1e6

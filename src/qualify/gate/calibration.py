@@ -97,7 +97,7 @@ def detectable(variation: ni.RunVariation, spread: float, launches: int, *, max_
     """The smallest drop the history rule FAILs with 90% power at this many launches a side (one look)."""
     var = 2 * spread ** 2 / launches + 2 * variation.sd_run ** 2
     parts = [(spread ** 2 / launches, launches - 1)] * 2 + [(2 * variation.sd_run ** 2, max(1.0, variation.df))]
-    df = var ** 2 / sum(v ** 2 / d for v, d in parts if v > 0) if var > 0 else 1e6
+    df = ni.welch_df(parts)
     se = math.sqrt(var)
     iv = ni.Interval(0.0, -se * ni._t_quantile(1 - alpha, df), se * ni._t_quantile(1 - alpha, df), launches,
                      "history-runs", "launches", alpha, sd_unit=spread, df=df)

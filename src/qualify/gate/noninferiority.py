@@ -209,6 +209,16 @@ class RunVariation:
     comparisons: int | None = None
 
 
+def welch_df(parts: Sequence[tuple[float, float]]) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of variance parts (variance, its df), computed on the parts'
+    shares of the sum (scale-free): var**2 and v**2 themselves underflow to 0 for a variance near 1e-137 (a
+    hypothesis example: identical launches and a tiny run-to-run variation). 1e6 when the sum is 0."""
+    var = sum(v for v, _ in parts)
+    if var <= 0:
+        return 1e6
+    return 1.0 / sum((v / var) ** 2 / d for v, d in parts if v > 0)
+
+
 def history_interval(candidate: Sequence[float], baseline: Sequence[float], direction: Direction, *,
                      variation: RunVariation, alpha: float) -> Interval | None:
     """Two runs compared: their mean log figures, with the run-to-run variation of both runs added.
@@ -227,9 +237,7 @@ def history_interval(candidate: Sequence[float], baseline: Sequence[float], dire
     var = sum(v for v, _ in parts)
     if var == 0:
         return Interval(est, est, est, len(lc), "history-runs", "launches", alpha, sd_unit=0.0, df=None)
-    # Welch-Satterthwaite on the parts' shares of var (scale-free): var**2 and v**2 themselves underflow to 0 for
-    # a variance near 1e-137 (a hypothesis example: identical launches and a tiny run-to-run variation).
-    df = 1.0 / sum((v / var) ** 2 / d for v, d in parts if v > 0)
+    df = welch_df(parts)
     half = _t_quantile(1 - alpha, df) * math.sqrt(var)
     pooled = math.sqrt((statistics.variance(lc) + statistics.variance(lb)) / 2)
     return Interval(est, est - half, est + half, len(lc), "history-runs", "launches", alpha, sd_unit=pooled,
