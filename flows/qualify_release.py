@@ -95,6 +95,14 @@ def _name_flow_run(ctx: pipeline.RunContext, logger: Any) -> Any:
     return get_run_logger()
 
 
+def _start_ray_stage(ctx: pipeline.RunContext) -> Any:
+    """The stage `ray`: join or start Ray, and record the cluster's nodes (the report's makespan bound)."""
+    with ctx.timed_stage("ray"):
+        handle = start_ray(ctx.ray_address)
+        ctx.record_cluster(cluster_nodes())
+    return handle
+
+
 def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str | None,
                logger: Any) -> list[CaseOutcome]:
     """Every case runs on Ray from a thread of its own (attempts.run_case); its Prefect task run is created when
@@ -169,16 +177,12 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         logger.info("run %s of %s %s: %d cases", ctx.run_id, ctx.manifest.release.name, ctx.manifest.release.tag,
                     len(ctx.cases))
         if ctx.manifest.build.on == "cluster":  # the build is a Ray task on a builder node: Ray first
-            with ctx.timed_stage("ray"):
-                ray_handle = start_ray(ctx.ray_address)
-                ctx.record_cluster(cluster_nodes())
+            ray_handle = _start_ray_stage(ctx)
         with ctx.timed_stage("build"):
             build = _unwrap(obtain_candidate_task(ctx, wait))
         logger.info("candidate %s (%s)", build.digest, build.builder)
         if ray_handle is None:
-            with ctx.timed_stage("ray"):
-                ray_handle = start_ray(ctx.ray_address)
-                ctx.record_cluster(cluster_nodes())
+            ray_handle = _start_ray_stage(ctx)
         ctx.pull_images()  # stage `pull`: the images on every node that will run cases, once, before them
         with ctx.timed_stage("verify"):
             checks = verify_components_task(ctx)

@@ -399,7 +399,7 @@ def test_the_gate_judges_a_duet_case() -> None:
     assert same.status == "PASS" and same.figures["design"] == "duet" and same.figures["n"] == 4
     assert "side bias" in same.message
     [slow] = judge(_duet_result(0.10))
-    assert slow.status == "FAIL" and "beyond 5%" in slow.message
+    assert slow.status == "FAIL" and "regression shown: even the best end is beyond -5%" in slow.message
     [edge] = judge(_duet_result(0.03, block_sd=0.03))
     assert edge.status == "INCOMPLETE" and "undecided" in edge.message
     assert "80 synchronized steps" in same.message

@@ -18,7 +18,7 @@ from qualify.execution.ray import infeasible_reason, run_case_on_ray
 from qualify.execution.sequential_inputs import sequential_block
 from qualify.gate.sequential import KEY as SEQUENTIAL
 from qualify.execution.result import CaseRunResult
-from qualify.manifest import fingerprint, is_reference_case
+from qualify.manifest import fingerprint, is_reference_case, train_case_id
 from qualify.manifest.cases import Case
 from qualify.outcomes import CaseOutcome, CaseStatus, ErrorClass
 from qualify.plan import submission_order
@@ -116,7 +116,7 @@ def _other_side_case(ctx: RunContext, case: Case) -> Case:
     ref = ctx.manifest.gate.reference
     if ref is None or not ref.variant or not is_reference_case(case) or case.kind != "train":
         return case
-    wanted = f"train/{case.model}/{ref.variant}"
+    wanted = train_case_id(str(case.model), ref.variant)
     sibling = next((c for c in ctx.cases if c.case_id == wanted), None)
     return replace(sibling, case_id=case.case_id, tags=case.tags) if sibling is not None else case
 

@@ -12,7 +12,7 @@ from qualify.manifest.fingerprint import differences as fingerprint_differences
 from qualify.gate import duet_stats, stats
 from qualify.gate import noninferiority as ni
 from qualify.gate.calibration import lookup as calibration_lookup
-from qualify.manifest import GatePolicy, is_reference_case
+from qualify.manifest import GatePolicy, is_reference_case, train_case_id
 from qualify.gate.reasons import PASS, FAIL, NO_BASELINE, INCOMPLETE, ResultData, Reason, _num, _passed, _pct
 
 
@@ -194,21 +194,15 @@ def check_duet_regression(policy: GatePolicy, cases: Sequence[Case],
                     + (", neighbours' CPU time removed" if ran and all(p.get("held_times") for p in ran) else "")
                     + f"; {side}"
                     + (f"; {len(left_out)} pair(s) left out: {left_out[0]['problem']}" if left_out else "") + ")")
-            gain = reg.max_regression <= 0  # a reference's required gain (gate.regression_for)
+            words = ni.MarginWords.of(reg.max_regression)  # a tolerance, or a reference's required gain
             if call == duet_stats.DuetCall.PASS:
-                tail = (f"a gain of {_pct(-reg.max_regression)} shown" if gain
-                        else f"within the {reg.max_regression:.0%} tolerance")
-                reasons.append(Reason("regression", case.case_id, PASS, f"{text}: {tail}", figures))
+                reasons.append(Reason("regression", case.case_id, PASS, f"{text}: {words.passed}", figures))
             elif call == duet_stats.DuetCall.FAIL:
-                tail = (f"no gain of {_pct(-reg.max_regression)}: even the best end is below it" if gain
-                        else f"regression beyond {reg.max_regression:.0%}")
-                reasons.append(Reason("regression", case.case_id, FAIL, f"{text}: {tail}", figures))
+                reasons.append(Reason("regression", case.case_id, FAIL, f"{text}: {words.failed}", figures))
             else:
-                wanted = (f"a gain of {_pct(-reg.max_regression)} nor its absence" if gain
-                          else f"within {reg.max_regression:.0%} nor a regression")
                 reasons.append(Reason("regression", case.case_id, INCOMPLETE,
-                                      f"{text}: undecided after {interval.n} launch pairs (the budget): neither "
-                                      f"{wanted} shown", figures))
+                                      f"{text}: undecided after {interval.n} launch pairs (the budget): "
+                                      f"{words.spans}", figures))
     return reasons
 
 
@@ -260,7 +254,7 @@ def check_variant_gains(policy: GatePolicy, cases: Sequence[Case], results: Mapp
     for gain in policy.variant_gains:
         direction = metric_info.direction(gain.metric) if metric_info.is_known(gain.metric) else "higher"
         for model in models:
-            variant_id, base_id = f"train/{model}/{gain.variant}", f"train/{model}/{gain.baseline}"
+            variant_id, base_id = train_case_id(str(model), gain.variant), train_case_id(str(model), gain.baseline)
             ids = {c.case_id for c in train}
             if variant_id not in ids or base_id not in ids:
                 continue

@@ -76,8 +76,8 @@ class BuildSpec(Strict):
     # resource (execution/builds.py: the files the build reads travel with it; it pushes the candidate and
     # returns the digest; the driver needs no container tool).
     on: Literal["driver", "cluster"] = "driver"
-    # build.on: cluster and no node declares `builder`: build on the driver instead (said in the build log), rather
-    # than an infrastructure error (exit 3).
+    # build.on: cluster and no node declares `builder`: build on the driver instead (said in the run's record),
+    # rather than an infrastructure error (exit 3).
     driver_fallback: bool = False
 
     @field_validator("containerfile", "context", "ca_bundle")

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from qualify.manifest.model import REFERENCE_PREFIX, ReleaseManifest, Resources, TrainModel, TrainVariant
+from qualify.manifest.model import (REFERENCE_PREFIX, ReleaseManifest, Resources, TrainModel, TrainVariant,
+                                   custom_case_id, infer_case_id, train_case_id)
 from qualify.manifest.load import ManifestError, case_count_problem, merged_infer_settings
 from qualify.workloads import protocol
 from qualify.workloads.merge import deep_merge
@@ -109,12 +110,12 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
                 if scheme.scheme in release.gate.agreement:
                     params["min_token_agreement"] = release.gate.agreement[scheme.scheme]
                 cases.append(Case.build(
-                    f"infer/{model.name}/{scheme.scheme}", "infer", model.name, scheme.scheme,
+                    infer_case_id(model.name, scheme.scheme), "infer", model.name, scheme.scheme,
                     params, env, Resources.model_validate(resources) if resources else Resources(), timeout,
                     launches=release.execution.launches_for("infer")))
     for custom in release.custom_cases:
         for k in range(custom.count):
-            case_id = f"{custom.kind}/{custom.name}" + (f"/{k:04d}" if custom.count > 1 else "")
+            case_id = custom_case_id(custom.kind, custom.name, k, custom.count)
             cases.append(Case.build(case_id, custom.kind, None, custom.name, dict(custom.params), {},
                                     custom.resources or Resources(), timeout,
                                     launches=release.execution.launches_for(custom.kind)))
@@ -163,5 +164,5 @@ def _train_case(release: ReleaseManifest, model: TrainModel, variant: TrainVaria
         params["deepspeed_config"] = ds_config
     params["devices"] = devices_per_node(resources)
     params["nodes"] = resources.nodes
-    return Case.build(f"train/{model.name}/{variant.name}", "train", model.name, variant.name,
+    return Case.build(train_case_id(model.name, variant.name), "train", model.name, variant.name,
                       params, env, resources, timeout, launches=release.execution.launches_for("train"))

@@ -29,6 +29,7 @@ from qualify.errors import BadInput
 from qualify.imageref import InvalidReference, parse_reference
 from qualify.manifest.model import (
     DEEPSEEK_R1_MAX_MODEL_LEN,
+    infer_case_id,
     ENGINE_SCHEMES,
     WAIVER_MAX_MODEL_LEN,
     InferModel,
@@ -554,7 +555,7 @@ def semantic_problems(release: ReleaseManifest, file: str, today: dt.date, check
                         "(release note usage notes: --quantization moe_wna16)")
                 max_len = settings["engine_args"].get("max_model_len")
                 if is_deepseek_r1(model) and isinstance(max_len, int) and max_len >= DEEPSEEK_R1_MAX_MODEL_LEN:
-                    case_id = f"infer/{model.name}/{scheme.scheme}"
+                    case_id = infer_case_id(model.name, scheme.scheme)
                     if not any(w.covers(case_id, WAIVER_MAX_MODEL_LEN) and (w.expires >= today or not check_expiry)
                                for w in waivers):
                         add(f"{where}.settings.engine_args.max_model_len",

@@ -72,6 +72,9 @@ __all__ = [
     "ReferenceImage",
     "REFERENCE_PREFIX",
     "is_reference_case",
+    "train_case_id",
+    "infer_case_id",
+    "custom_case_id",
     "PromotionTarget",
     "InsecureRegistryOptIn",
     "PromotionSpec",
@@ -107,6 +110,19 @@ class ReleaseInfo(Strict):
 
 
 # --------------------------------------------------------------------------- root
+
+def train_case_id(model: str, variant: str) -> str:
+    """The one spelling of each kind of case id (cases.expand builds them, the manifest counts and matches them)."""
+    return f"train/{model}/{variant}"
+
+
+def infer_case_id(model: str, scheme: str) -> str:
+    return f"infer/{model}/{scheme}"
+
+
+def custom_case_id(kind: str, name: str, index: int, count: int) -> str:
+    return f"{kind}/{name}" + (f"/{index:04d}" if count > 1 else "")
+
 
 _ENUMERABLE = 100_000  # case ids listed to match gate.reference.cases only below this many (the cap is far lower)
 
@@ -164,12 +180,13 @@ class ReleaseManifest(Strict):
         cap, checked before)."""
         ids: list[tuple[str, str]] = []
         if self.training is not None:
-            ids += [(f"train/{m.name}/{v.name}", "train") for m in self.training.models for v in self.training.variants]
+            ids += [(train_case_id(m.name, v.name), "train") for m in self.training.models
+                    for v in self.training.variants]
         if self.inference is not None:
-            ids += [(f"infer/{m.name}/{s.scheme}", "infer") for m in self.inference.models for s in m.schemes]
+            ids += [(infer_case_id(m.name, s.scheme), "infer") for m in self.inference.models for s in m.schemes]
         for custom in self.custom_cases:
-            stem = f"{custom.kind}/{custom.name}"
-            ids += [(stem + (f"/{k:04d}" if custom.count > 1 else ""), custom.kind) for k in range(custom.count)]
+            ids += [(custom_case_id(custom.kind, custom.name, k, custom.count), custom.kind)
+                    for k in range(custom.count)]
         return ids
 
     def reference_case_ids(self) -> list[str]:
