@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -28,7 +29,7 @@ from qualify.execution.ray import run_case_on_ray
 from qualify.executors import Executor, LocalExecutor
 from qualify.executors.container import ContainerExecutor
 from qualify.gate.judging import Evaluation, evaluate_and_commit
-from qualify.manifest import ReleaseManifest, Resources
+from qualify.manifest import ReleaseManifest, Resources, is_reference_case
 from qualify.manifest.cases import Case, expand
 from qualify.manifest.load import LoadedManifest, load_manifest
 from qualify.outcomes import CaseStatus, RunStatus, Verdict
@@ -49,6 +50,16 @@ class CandidateFailed(Rejected):
     label = "FAIL"
 
 
+@dataclass(frozen=True)
+class ImageSide:
+    """One of the release's further images (manifest `images:`) as the run has it: its build, the executor its
+    cases run with, and the previous release's image of the same name (paired and duet)."""
+
+    build: BuildResult
+    executor: Executor
+    paired: PairedBaseline | None = None
+
+
 @dataclass
 class RunContext:
     sessions: sessionmaker[Session]
@@ -62,6 +73,7 @@ class RunContext:
     executor: Executor | None = None
     paired: PairedBaseline | None = None  # gate.regression.baseline: paired (set by obtain_candidate)
     reference: PairedBaseline | None = None  # gate.reference's side (set by obtain_candidate)
+    further: dict[str, ImageSide] = field(default_factory=dict)  # the further images, by name (obtain_candidate)
     progress: Progress = field(default_factory=Progress)
     resumed: bool = False
     db_write_attempts: int = 6  # a result write is retried with backoff 1, 2, 4, 8, 16 s (spool.with_retries)
@@ -70,6 +82,14 @@ class RunContext:
     @property
     def manifest(self) -> ReleaseManifest:
         return self.loaded.release
+
+    def executor_for(self, case: Case) -> Executor | None:
+        """The executor of the image the case runs in (its own image's, or the release's)."""
+        return self.further[case.image].executor if case.image else self.executor
+
+    def paired_for(self, case: Case) -> PairedBaseline | None:
+        """The previous release's side for the case's image (paired and duet)."""
+        return self.further[case.image].paired if case.image else self.paired
 
     @contextlib.contextmanager
     def run_row(self) -> Iterator[tuple[Session, Run]]:
@@ -104,20 +124,25 @@ class RunContext:
             run.cluster = {**(run.cluster or {}), "nodes": nodes}
 
     def pull_images(self) -> list[dict[str, Any]]:
-        """Before the cases: each node that will run cases pulls the images they run in (the candidate's, and the
-        previous release's for paired and duet cases, gate.reference's), by digest, once (execution/pulls.py), recorded with the run
-        (runs.cluster["pulls"]) as the stage `pull`. Nothing for an executor that runs no image (local)."""
+        """Before the cases: each node that will run cases pulls the images they run in (each image of the
+        release for its own cases, the previous release's for paired and duet cases, gate.reference's), by
+        digest, once (execution/pulls.py), recorded with the run (runs.cluster["pulls"]) as the stage `pull`.
+        Nothing for an executor that runs no image (local)."""
         from qualify.execution.pulls import PullFailed, pull_on_nodes
 
-        images = [e for e in (self.executor, self.paired.executor if self.paired else None,
-                              self.reference.executor if self.reference else None) if hasattr(e, "pull")]
-        if not images:
+        wanted: dict[Any, list[Resources]] = {}
+        for case in self.cases:
+            other = self.reference if is_reference_case(case) else self.paired_for(case)
+            for executor in (self.executor_for(case), other.executor if other else None):
+                if hasattr(executor, "pull"):
+                    wanted.setdefault(executor, []).append(case.resources)
+        if not wanted:
             return []
         pulls: list[dict[str, Any]] = []
         with self.timed_stage("pull"):
             try:
-                for executor in dict.fromkeys(images):
-                    pulls += [p.to_dict() for p in pull_on_nodes(executor, [c.resources for c in self.cases])]
+                for executor, resources in wanted.items():
+                    pulls += [p.to_dict() for p in pull_on_nodes(executor, resources)]
             except PullFailed as exc:
                 pulls += [p.to_dict() for p in exc.pulls]
                 raise
@@ -237,22 +262,49 @@ def _whoami() -> str:
 # --------------------------------------------------------------------------- candidate
 
 
-def _build(ctx: RunContext) -> BuildResult:
-    """On the driver, or (build.on: cluster) as a Ray task on a builder node, recorded in runs.cluster["build"]."""
-    if ctx.manifest.build.on != "cluster":
-        return build_candidate(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+def _build(ctx: RunContext, image: str | None = None) -> BuildResult:
+    """One image of the release (None: its own) on the driver, or (build.on: cluster) as a Ray task on a builder
+    node, recorded in runs.cluster["build"] (a further image's in runs.cluster["image_builds"][name])."""
+    manifest = ctx.manifest.for_image(image)
+    if manifest.build.on != "cluster":
+        return build_candidate(manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
     from qualify.execution.builds import build_on_cluster
 
-    build, where = build_on_cluster(ctx.manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+    build, where = build_on_cluster(manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
+    record = where.to_dict() if where else {"on": "driver (fallback)"}
     with ctx.run_row() as (_session, run):
-        run.cluster = {**(run.cluster or {}), "build": where.to_dict() if where else {"on": "driver (fallback)"}}
+        if image is None:
+            run.cluster = {**(run.cluster or {}), "build": record}
+        else:
+            run.cluster = {**(run.cluster or {}),
+                           "image_builds": {**(run.cluster or {}).get("image_builds", {}), image: record}}
     return build
 
 
+def _build_all(ctx: RunContext) -> dict[str | None, BuildResult]:
+    """Every image of the release at once (a thread each: a build is a subprocess or a Ray task). The first
+    failure in the manifest's order is the run's, named by its image when it is a further one."""
+    names: list[str | None] = [None] + [i.name for i in ctx.manifest.images]
+    if len(names) == 1:
+        return {None: _build(ctx)}
+    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="qualify-build") as pool:
+        futures = {name: pool.submit(_build, ctx, name) for name in names}
+        done: dict[str | None, BuildResult] = {}
+        for name, future in futures.items():
+            try:
+                done[name] = future.result()
+            except BuildError as exc:
+                if name is not None:
+                    exc.args = (f"image {name}: {exc}",)
+                raise
+    return done
+
+
 def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float = 3600) -> BuildResult:
-    """Build or resolve the candidate, record its image, and bind the run to its digest."""
+    """Build or resolve the candidate (every image of the release), record the images, and bind the run to their
+    digests."""
     try:
-        build = _build(ctx)
+        builds = _build_all(ctx)
     except BuildError as exc:
         if isinstance(exc, InfraError):  # not the candidate's fault: one line, the run an infrastructure error
             message = f"{exc}" + (f" (build log: {exc.log_path})" if exc.log_path else "")
@@ -266,6 +318,7 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
         if exc.exit_code != CandidateFailed.exit_code:  # bad build input, or a missing builder
             raise type(exc)(message, exc.log_tail, exc.log_path) from None
         raise CandidateFailed(message) from None
+    build = builds[None]
     deadline = time.monotonic() + wait_timeout_s
     while True:
         with ctx.sessions() as session:
@@ -275,11 +328,15 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
                 raise BadInput(
                     f"--resume {ctx.run_id}: the candidate is now {build.digest}, but the run qualified "
                     f"{run.candidate_digest}; start a new run")
-            image = repo.get_or_create_image(session, build.repository, build.tag, build.digest,
-                                             builder=build.builder, build_log_path=build.log_path,
-                                             build_log_tail=build.log_tail)
             try:
-                repo.attach_candidate(session, run, image, stale=driver_gone)
+                for name, result in builds.items():
+                    image = repo.get_or_create_image(session, result.repository, result.tag, result.digest,
+                                                     builder=result.builder, build_log_path=result.log_path,
+                                                     build_log_tail=result.log_tail)
+                    if name is None:
+                        repo.attach_candidate(session, run, image, stale=driver_gone)
+                    else:
+                        repo.attach_image(session, run, name, image, stale=driver_gone)
                 session.commit()
                 break
             except repo.RunConflict as exc:
@@ -289,33 +346,48 @@ def obtain_candidate(ctx: RunContext, wait: bool = False, wait_timeout_s: float 
                     raise BadInput(f"{exc} (use --wait to queue behind it)") from None
         time.sleep(5)
     ctx.build = build
-    ctx.executor = make_executor(ctx, build)
-    if ctx.manifest.gate.regression.baseline in ("paired", "duet") and ctx.manifest.gate.regression.enabled:
+    ctx.executor = make_executor(ctx.manifest, build)
+    paired = ctx.manifest.gate.regression.baseline in ("paired", "duet") and ctx.manifest.gate.regression.enabled
+    if paired:
         ctx.paired = find_paired_baseline(ctx.sessions, ctx.manifest, build)
+    for name, result in builds.items():
+        if name is not None:
+            ctx.further[name] = ImageSide(result, make_executor(ctx.manifest.for_image(name), result),
+                                          find_paired_baseline(ctx.sessions, ctx.manifest, result, name)
+                                          if paired else None)
     ctx.reference = find_reference(ctx.manifest, ctx.manifest_dir)
     return build
 
 
-def make_executor(ctx: RunContext, build: BuildResult) -> Executor:
-    execution = ctx.manifest.execution
+def make_executor(manifest: ReleaseManifest, build: BuildResult) -> Executor:
+    """How one image's cases run: the local builder's interpreter, or the container executor on its digest."""
+    execution = manifest.execution
     if execution.executor == "local":
         return LocalExecutor(python=build.python or LocalExecutor().python)
     if not build.image_ref:
         raise BadInput("execution.executor 'container' needs a container image: builder "
                              f"{build.builder!r} produced none")
-    return ContainerExecutor.from_manifest(ctx.manifest, build.image_ref)
+    return ContainerExecutor.from_manifest(manifest, build.image_ref)
 
 
 # --------------------------------------------------------------------------- verify
 
 
 def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
-    """Run the probe workload inside the candidate and store one check per component."""
-    components = list(ctx.manifest.components)
+    """Run the probe workload inside every image of the release and store one check per component (a further
+    image's under its name). Returns every image's checks."""
+    checks = _verify_image(ctx, None, ctx.executor)
+    for name, side in ctx.further.items():
+        checks += _verify_image(ctx, name, side.executor)
+    return checks
+
+
+def _verify_image(ctx: RunContext, image: str | None, executor: Executor | None) -> list[dict[str, Any]]:
+    components = list(ctx.manifest.for_image(image).components)
     if not components:
         return []
-    assert ctx.executor is not None, "obtain_candidate() sets the executor"
-    probe = run_case_on_ray(ctx.executor, probe_case(components), Resources(cpus=0.5), timeout_s=300)
+    assert executor is not None, "obtain_candidate() sets the executors"
+    probe = run_case_on_ray(executor, probe_case(components), Resources(cpus=0.5), timeout_s=300)
     doc = probe.doc
     if doc.get("status") != CaseStatus.PASSED:
         checks = compare_components(components, {})
@@ -327,8 +399,8 @@ def verify_components(ctx: RunContext) -> list[dict[str, Any]]:
         node = node_facts.facts_of_node(probe.node_id) if any(c.source == "driver" for c in components) else None
         checks = compare_components(components, doc["environment"].get("facts", {}), node)
     with ctx.run_row() as (session, run):
-        repo.record_component_checks(session, run, checks)
-    return checks
+        repo.record_component_checks(session, run, checks, image=image or "")
+    return [{**c, "image": image or ""} for c in checks]
 
 
 # --------------------------------------------------------------------------- end of run

@@ -13,6 +13,9 @@ Rules (as kubernetes' image promoter does it):
 * Targets are independent: one failing target does not undo or hide the others; every target's
   outcome is recorded, and running again completes only what is missing (the promoted ones
   resolve to the digest and are skipped).
+* A release with further images (manifest `images:`) promotes each image to its own targets, all or
+  none: every target of every image is checked before anything is copied, and a copy that fails undoes the
+  ones this promotion wrote (`_all_or_none`). Their outcomes are named `<image>/<target>`.
 * Dry run: resolves (read-only) and returns the plan, outcome "dry-run"; it writes nothing, not
   even to the database.
 """
@@ -34,7 +37,7 @@ from qualify.manifest import ExpandedTarget, ReleaseManifest
 from qualify.manifest.load import ManifestError
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError, RegistryUnreachable
 from qualify.store import repo
-from qualify.store.models import GateDecision, Run
+from qualify.store.models import GateDecision, Image, Run
 
 
 class PromotionError(BadInput):
@@ -89,23 +92,70 @@ def select_targets(release: ReleaseManifest, target: str | None) -> list[Expande
         raise PromotionError("the run's manifest has no promotion targets")
     if target is None:
         return targets
-    # A name picks one expanded target ("vpc-cn-beijing") or every region of a template ("vpc").
-    chosen = [t for t in targets if t.name == target] or [t for t in targets if t.name.startswith(f"{target}-")]
+    chosen = _chosen(targets, target)
     if not chosen:
         raise PromotionError(f"no promotion target {target!r} (targets: {', '.join(t.name for t in targets)})")
     return chosen
+
+
+def _chosen(targets: list[ExpandedTarget], target: str) -> list[ExpandedTarget]:
+    # A name picks one expanded target ("vpc-cn-beijing") or every region of a template ("vpc").
+    return [t for t in targets if t.name == target] or [t for t in targets if t.name.startswith(f"{target}-")]
+
+
+@dataclass
+class ImageToPromote:
+    """One image of the run and its targets: the release's own (name None), or a further one (`images:`), whose
+    outcomes are labelled `<image>/<target>`."""
+
+    name: str | None
+    image: Image | None
+    digest: str | None
+    targets: list[ExpandedTarget]
+
+    def label(self, target: ExpandedTarget) -> str:
+        return f"{self.name}/{target.name}" if self.name else target.name
+
+    @property
+    def source_ref(self) -> str:
+        image = self.image
+        if image is None:
+            return ""
+        return f"{image.repository}:{image.tag}" if image.tag else image.repository
+
+
+def images_to_promote(session: Session, run: Run, release: ReleaseManifest,
+                      target: str | None) -> list[ImageToPromote]:
+    """The run's images with their (chosen) targets; an image without targets is not promoted. PromotionError
+    when nothing is left to promote."""
+    further = {row.name: row for row in repo.run_images(session, run.id)}
+    images = [ImageToPromote(None, run.image, run.candidate_digest, release.expanded_targets())]
+    for spec in release.images:
+        row = further.get(spec.name)
+        images.append(ImageToPromote(spec.name, row.image if row else None, row.digest if row else None,
+                                     release.for_image(spec.name).expanded_targets()))
+    if target is not None:
+        for item in images:
+            item.targets = _chosen(item.targets, target)
+    images = [i for i in images if i.targets]
+    if not images:
+        every = [i.label(t) for i in images_to_promote(session, run, release, None) for t in i.targets] if (
+            target is not None and (release.promotion.targets or any(s.targets for s in release.images))) else []
+        raise PromotionError(f"no promotion target {target!r} (targets: {', '.join(every)})" if every
+                             else "the run's manifest has no promotion targets")
+    return images
 
 
 def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run: bool = False,
                 target: str | None = None, force: bool = False, reason: str | None = None,
                 insecure: Iterable[str] = (), actor: str | None = None,
                 client: RegistryClient | None = None) -> list[TargetOutcome]:
-    """Promote run_id's candidate to its targets; returns one outcome per target.
+    """Promote run_id's images to their targets; returns one outcome per target.
 
     Raises PromotionError for bad input (unknown run or target, --force without a reason) and
     PromotionRefused when the run may not be promoted (its outcomes, recorded as "refused" when
     the run has a decision, are attached). Registry failures of single targets are outcomes
-    ("failed"), never exceptions.
+    ("failed"), never exceptions. A release with further images is promoted all or none (_all_or_none).
     """
     if force and not (reason and reason.strip()):
         raise PromotionError("--force needs --reason: an override of a destination tag is recorded with why")
@@ -115,21 +165,17 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
         if run is None:
             raise PromotionError(f"no run {run_id}")
         release = _stored_release(run)
-        targets = select_targets(release, target)
-        image = run.image
+        images = images_to_promote(session, run, release, target)
         digest = run.candidate_digest
-        # The run's own latest decision, and only while the run is its release's standing for the digest
+        # The run's own latest decision, and only while the run is its release's standing for each digest
         # (qualify.gate.standing): another release's PASS never qualifies it, and re-judging an older run
         # never overrides a newer run of the same release.
         decision = repo.latest_decision(session, run.id)
-        standing = standing_of_run(session, run)
-        source_ref = f"{image.repository}:{image.tag}" if image is not None and image.tag else (
-            image.repository if image is not None else release.candidate_reference)
         insecure_set = set(release.promotion.insecure_registries) | set(insecure)
 
         def refuse(message: str) -> PromotionRefused:
-            outcomes = [TargetOutcome(t.name, t.reference, source_ref, digest or "", "refused", message)
-                        for t in targets]
+            outcomes = [TargetOutcome(i.label(t), t.reference, i.source_ref or release.candidate_reference,
+                                      i.digest or "", "refused", message) for i in images for t in i.targets]
             if decision is not None and not dry_run:
                 for o in outcomes:
                     repo.record_promotion(session, decision, target_name=o.target, source_ref=o.source_ref,
@@ -144,66 +190,178 @@ def promote_run(session_factory: Callable[[], Session], run_id: int, *, dry_run:
         if decision.verdict != Verdict.PASS:
             raise refuse(f"run {run.id}'s latest decision about {digest} (decision {decision.id}, "
                          f"{decision.decided_at:%Y-%m-%d %H:%M:%S}) is {decision.verdict}, not PASS")
-        if standing is not None and standing.run.id != run.id:
-            raise refuse(f"run {standing.run.id} of release {standing.release} is newer than run {run.id} and "
-                         f"judged {digest} {standing.decision.verdict} (decision {standing.decision.id}): "
-                         f"a release's newest run decides; promote run {standing.run.id} if it passed")
         if not digest or decision.digest != digest:
             raise refuse(f"run {run.id}'s PASS decision is for {decision.digest or 'no digest'}, "
                          f"not the candidate digest {digest or '(none)'}")
-        if image is None or image.builder == "local":
-            raise refuse(f"run {run.id}'s image was not built into a registry (builder "
-                         f"{image.builder if image else 'none'}): there is no registry image to promote; "
-                         "build with buildah/podman/docker or use a prebuilt reference")
-        if not image.tag:
-            raise refuse(f"run {run.id}'s image has no candidate tag to check against the qualified digest")
+        for item in images:
+            problem = _image_problem(session, run, item)
+            if problem:
+                raise refuse(problem)
 
         own_client = client is None
         client = client or RegistryClient(insecure_set)
         try:
-            try:
-                src = parse_reference(source_ref)
-            except InvalidReference as exc:
-                raise refuse(f"the candidate reference is invalid: {exc}") from None
-            # The candidate tag must still point at the digest that was qualified.
-            try:
-                current = client.digest_if_exists(src)
-            except RegistryError as exc:
-                if dry_run:
-                    return [TargetOutcome(t.name, t.reference, source_ref, digest, "dry-run",
-                                          f"cannot check the candidate tag: {exc}", planned="unknown")
-                            for t in targets]
-                outcomes = [TargetOutcome(t.name, t.reference, source_ref, digest, "failed",
-                                          f"cannot check the candidate tag: {exc}") for t in targets]
-                _record(session, decision, outcomes, actor, reason=None)
-                session.commit()
-                return outcomes
-            if current is None:
-                raise refuse(f"candidate tag {source_ref} no longer exists; cannot confirm it is still {digest}")
-            if current != digest:
-                raise refuse(f"candidate tag {source_ref} moved: it now points to {current}, "
-                             f"but {digest} was qualified")
-            source = src.with_digest(digest)
-            outcomes = []
-            for t in targets:
-                # Re-checked right before each copy: a FAIL recorded meanwhile stops the remaining targets.
-                later = None if dry_run else _overriding_decision(session_factory, run.id, decision.id)
-                if later is not None:
-                    outcomes.append(TargetOutcome(t.name, t.reference, source_ref, digest, "refused",
-                                                  f"decision {later.id} (run {later.run_id}) about {digest} is "
-                                                  f"{later.verdict}: promotion stopped before this target"))
-                    continue
-                outcomes.append(_promote_one(client, t, source, source_ref, digest, dry_run=dry_run, force=force))
+            sources: list[ImageRef] = []
+            for item in images:
+                try:
+                    src = parse_reference(item.source_ref)
+                except InvalidReference as exc:
+                    raise refuse(f"the candidate reference is invalid: {exc}") from None
+                # The candidate tag must still point at the digest that was qualified.
+                try:
+                    current = client.digest_if_exists(src)
+                except RegistryError as exc:
+                    outcome = "dry-run" if dry_run else "failed"
+                    outcomes = [TargetOutcome(i.label(t), t.reference, i.source_ref, i.digest or "", outcome,
+                                              f"cannot check the candidate tag {item.source_ref}: {exc}",
+                                              planned="unknown" if dry_run else None)
+                                for i in images for t in i.targets]
+                    if not dry_run:
+                        _record(session, decision, outcomes, actor, reason=None)
+                        session.commit()
+                    return outcomes
+                if current is None:
+                    raise refuse(f"candidate tag {item.source_ref} no longer exists; cannot confirm it is still "
+                                 f"{item.digest}")
+                if current != item.digest:
+                    raise refuse(f"candidate tag {item.source_ref} moved: it now points to {current}, "
+                                 f"but {item.digest} was qualified")
+                sources.append(src)
+            if len(images) > 1 or release.images:
+                outcomes = _all_or_none(session_factory, client, run.id, decision.id, images, sources,
+                                        dry_run=dry_run, force=force)
+            else:
+                outcomes = _each_target(session_factory, client, run.id, decision.id, images[0], sources[0],
+                                        dry_run=dry_run, force=force)
             if not dry_run:  # the signed attestations travel with the image (a problem is logged, never fatal)
                 from qualify.attest.service import copy_to_targets
 
-                copy_to_targets(client, src, digest, [o.target_ref for o in outcomes if o.ok])
+                for item, src in zip(images, sources):
+                    labels = {item.label(t) for t in item.targets}
+                    copy_to_targets(client, src, str(item.digest),
+                                    [o.target_ref for o in outcomes if o.ok and o.target in labels])
                 _record(session, decision, outcomes, actor, reason=reason)
                 session.commit()
             return outcomes
         finally:
             if own_client:
                 client.close()
+
+
+def _image_problem(session: Session, run: Run, item: ImageToPromote) -> str | None:
+    """Why this image of the run may not be promoted (None: it may)."""
+    what = f"run {run.id}'s image {item.name}" if item.name else f"run {run.id}'s image"
+    if item.image is None or not item.digest:
+        return f"{what} was never built (the run ended before its images were recorded)"
+    standing = standing_of_run(session, run, item.digest)
+    if standing is not None and standing.run.id != run.id:
+        return (f"run {standing.run.id} of release {standing.release} is newer than run {run.id} and "
+                f"judged {item.digest} {standing.decision.verdict} (decision {standing.decision.id}): "
+                f"a release's newest run decides; promote run {standing.run.id} if it passed")
+    if item.image.builder == "local":
+        return (f"{what} was not built into a registry (builder local): there is no registry image to promote; "
+                "build with buildah/podman/docker or use a prebuilt reference")
+    if not item.image.tag:
+        return f"{what} has no candidate tag to check against the qualified digest"
+    return None
+
+
+def _each_target(session_factory: Callable[[], Session], client: RegistryClient, run_id: int, trusted_id: int,
+                 item: ImageToPromote, src: ImageRef, *, dry_run: bool, force: bool) -> list[TargetOutcome]:
+    """A release of one image: its targets are independent (one failing does not undo the others; running again
+    completes what is missing)."""
+    digest = str(item.digest)
+    source = src.with_digest(digest)
+    outcomes = []
+    for t in item.targets:
+        # Re-checked right before each copy: a FAIL recorded meanwhile stops the remaining targets.
+        later = None if dry_run else _overriding_decision(session_factory, run_id, trusted_id)
+        if later is not None:
+            outcomes.append(TargetOutcome(item.label(t), t.reference, item.source_ref, digest, "refused",
+                                          f"decision {later.id} (run {later.run_id}) about {digest} is "
+                                          f"{later.verdict}: promotion stopped before this target"))
+            continue
+        outcome = _promote_one(client, t, source, item.source_ref, digest, dry_run=dry_run, force=force)
+        outcome.target = item.label(t)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _all_or_none(session_factory: Callable[[], Session], client: RegistryClient, run_id: int, trusted_id: int,
+                 images: list[ImageToPromote], sources: list[ImageRef], *, dry_run: bool,
+                 force: bool) -> list[TargetOutcome]:
+    """A release of several images is published together or not at all: every target of every image is checked
+    first (nothing is copied while one would be refused or cannot be checked), then copied; when a copy fails,
+    what this promotion already wrote is undone (a moved tag back to its previous digest, a new tag deleted when
+    its digest was not in that repository before) and each outcome says so."""
+    planned: list[tuple[ImageToPromote, ExpandedTarget, ImageRef, TargetOutcome, bool]] = []
+    for item, src in zip(images, sources):
+        source = src.with_digest(str(item.digest))
+        for t in item.targets:
+            plan = _promote_one(client, t, source, item.source_ref, str(item.digest), dry_run=True, force=force)
+            plan.target = item.label(t)
+            planned.append((item, t, source, plan, _digest_already_there(client, t, str(item.digest))))
+    if dry_run:
+        return [p[3] for p in planned]
+    blocked = [p[3] for p in planned if p[3].planned in ("refuse", "unknown") or p[3].outcome == "failed"]
+    if blocked:
+        first = blocked[0]
+        held = f"held back (all or none): {first.target}: {first.detail}"
+        return [TargetOutcome(p.target, p.target_ref, p.source_ref, p.source_digest,
+                              ("failed" if p.planned == "unknown" or p.outcome == "failed" else "refused")
+                              if p in blocked else "refused", p.detail if p in blocked else held,
+                              previous_digest=p.previous_digest) for p in (q[3] for q in planned)]
+    outcomes: list[TargetOutcome] = []
+    written: list[tuple[TargetOutcome, ExpandedTarget, bool]] = []
+    for k, (item, t, source, plan, already) in enumerate(planned):
+        later = _overriding_decision(session_factory, run_id, trusted_id)
+        if later is not None:
+            why = (f"decision {later.id} (run {later.run_id}) about the run's images is {later.verdict}: "
+                   "promotion stopped")
+            outcome = TargetOutcome(plan.target, t.reference, item.source_ref, str(item.digest), "refused", why)
+        else:
+            outcome = _promote_one(client, t, source, item.source_ref, str(item.digest), dry_run=False,
+                                   force=force)
+            outcome.target = plan.target
+        if outcome.ok:
+            outcomes.append(outcome)
+            if outcome.outcome == "promoted":
+                written.append((outcome, t, already))
+            continue
+        undone = [_undo(client, o, target, was_there) for o, target, was_there in written]
+        rest = [TargetOutcome(p.target, p.target_ref, p.source_ref, p.source_digest, "failed",
+                              f"not attempted: {outcome.target} did not promote (all or none)")
+                for (_i, _t, _s, p, _a) in planned[k + 1:]]
+        for o, note in zip([w[0] for w in written], undone):
+            o.outcome, o.detail = "failed", f"{o.detail}; undone (all or none: {outcome.target} did not " \
+                                            f"promote): {note}"
+        return outcomes + [outcome] + rest
+    return outcomes
+
+
+def _digest_already_there(client: RegistryClient, target: ExpandedTarget, digest: str) -> bool:
+    """Whether the target's repository holds the digest before the promotion (then a new tag is never undone by
+    deleting the manifest, which would take the repository's other tags of it too). Unknown counts as there."""
+    try:
+        return client.digest_if_exists(parse_reference(target.reference).with_digest(digest)) is not None
+    except (RegistryError, InvalidReference):
+        return True
+
+
+def _undo(client: RegistryClient, outcome: TargetOutcome, target: ExpandedTarget, digest_was_there: bool) -> str:
+    """Put a target back as it was before this promotion wrote it; says what was done."""
+    dst = parse_reference(target.reference)
+    try:
+        if outcome.previous_digest:
+            client.copy(dst.with_digest(outcome.previous_digest), dst)
+            return f"the tag points to {outcome.previous_digest} again"
+        if digest_was_there:
+            return "the tag is left: its digest was in the repository before, deleting it would take other tags"
+        if client.delete_manifest(dst, outcome.source_digest):
+            return "the new tag is deleted"
+        return "the registry does not allow deleting it: the new tag is left"
+    except RegistryError as exc:
+        return f"could not be undone: {exc}"
 
 
 def _overriding_decision(session_factory: Callable[[], Session], run_id: int,

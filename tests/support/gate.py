@@ -172,7 +172,7 @@ GOOD_COMPONENT_ROWS = [
 def seed_run(session, text: str, *, digest: str, repository: str | None = None, tag: str | None = None,
              builder: str = "buildah", docs: dict[str, dict[str, Any]] | None = None,
              components: list[dict[str, Any]] | None = None, finish: str | None = "passed",
-             calibrated: bool = True):
+             calibrated: bool = True, further: dict[str, str] | None = None):
     """A run of the manifest `text` with its candidate image and results (docs by case id;
     default: good results for every case). Returns the Run (flushed, not committed). calibrated: every
     result's fingerprint also gets a stored calibration (0.5% run to run), as `qualify calibrate` would
@@ -189,6 +189,10 @@ def seed_run(session, text: str, *, digest: str, repository: str | None = None, 
     image = repo.get_or_create_image(session, repository or rel.release.repository,
                                      tag or rel.release.candidate_tag, digest, builder=builder)
     repo.attach_candidate(session, run, image)
+    for name, further_digest in (further or {}).items():
+        view = rel.for_image(name).release
+        row = repo.get_or_create_image(session, view.repository, view.candidate_tag, further_digest, builder=builder)
+        repo.attach_image(session, run, name, row)
     repo.record_component_checks(session, run, GOOD_COMPONENT_ROWS if components is None else components)
     cases = {c.case_id: c for c in expand(rel)}
     docs = {cid: good_doc(c) for cid, c in cases.items()} if docs is None else docs

@@ -60,6 +60,8 @@ class RegistryProcess:
     storage: Path | None = None
     # notifications.endpoints of the registry's config (e.g. a webhook on loopback), as dicts
     notifications: list[dict] | None = None
+    # Distribution's maintenance mode: reads answer, every write is refused (a registry that fails a push)
+    readonly: bool = False
 
     @property
     def host(self) -> str:
@@ -86,7 +88,8 @@ class RegistryProcess:
         text = ("version: 0.1\n"
                 "log: {level: error, accesslog: {disabled: true}}\n"
                 f"storage: {{filesystem: {{rootdirectory: {self.storage or self.root / 'data'}}}, "
-                "delete: {enabled: true}}\n"
+                "delete: {enabled: true}" + (", maintenance: {readonly: {enabled: true}}" if self.readonly else "")
+                + "}\n"
                 f"http: {{addr: '{self.host}'}}\n")
         if self.auth:
             htpasswd = self.root / "htpasswd"

@@ -27,7 +27,7 @@ from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.registry import RegistryClient, RegistryError
 from qualify.settings import Settings
 from qualify.store import repo
-from qualify.store.models import GateDecision, Run
+from qualify.store.models import GateDecision, Run, RunImage
 
 LOG = logging.getLogger(__name__)
 _SAID: set[str] = set()
@@ -75,25 +75,33 @@ def _repository(reference: str) -> ImageRef | None:
     return ImageRef(ref.registry, ref.repository)
 
 
-def facts(session: Session, run: Run, decision: GateDecision) -> predicate.DecisionFacts:
+def facts(session: Session, run: Run, decision: GateDecision,
+          further: RunImage | None = None) -> predicate.DecisionFacts:
+    """What the signed predicate says about the run's candidate, or (`further`) one of its further images: the
+    same decision, that image's digest, candidate reference and repositories."""
     from qualify.gate.push_check import qualified_repositories
 
     loaded = repo.run_manifest(run)
     release = loaded.release
     baseline = repo.get_run(session, decision.baseline_run_id) if decision.baseline_run_id else None
-    image = run.image
+    image = further.image if further is not None else run.image
     candidate = f"{image.repository}:{image.tag}" if image is not None and image.tag else (
         image.repository if image is not None else release.candidate_reference)
+    digest = further.digest if further is not None else decision.digest or ""
+    baseline_digest = baseline.candidate_digest if baseline is not None else None
+    if further is not None:
+        baseline_digest = next((r.digest for r in (baseline.further_images if baseline else [])
+                                if r.name == further.name), None)
     return predicate.DecisionFacts(
         verdict=decision.verdict, decision_id=decision.id,
         decided_at=decision.decided_at if decision.decided_at.tzinfo else decision.decided_at.replace(
             tzinfo=dt.timezone.utc),
         run_id=run.id, release=f"{run.release.name}:{run.release.tag}", candidate=candidate,
-        digest=decision.digest or "", qualified_repositories=sorted(qualified_repositories(run)),
+        digest=digest, qualified_repositories=sorted(qualified_repositories(run, digest)),
         manifest_sha256=run.manifest_sha256, policy_sha256=decision.policy_sha256, reasons=decision.reasons or [],
         waivers=[w.model_dump(mode="python") for w in release.gate.waivers],
         fingerprints=[r.fingerprint for r in repo.case_results(session, run.id) if r.fingerprint],
-        baseline_digest=baseline.candidate_digest if baseline is not None else None)
+        baseline_digest=baseline_digest)
 
 
 def envelopes(subject: statement.Subject, facts_: predicate.DecisionFacts,
@@ -106,11 +114,13 @@ def envelopes(subject: statement.Subject, facts_: predicate.DecisionFacts,
     return out
 
 
-def _destinations(session: Session, run: Run, digest: str) -> list[ImageRef]:
-    """The candidate's repository, then every repository this run promoted the digest to."""
+def _destinations(session: Session, run: Run, digest: str, further: RunImage | None = None) -> list[ImageRef]:
+    """The image's repository (the candidate's, or a further image's), then every repository this run promoted the
+    digest to."""
     refs: list[ImageRef] = []
-    if run.image is not None:
-        found = _repository(run.image.repository)
+    image = further.image if further is not None else run.image
+    if image is not None:
+        found = _repository(image.repository)
         if found:
             refs.append(found)
     for p in repo.promotions(session, run.id):
@@ -156,17 +166,21 @@ def write_for_run(session_factory: Callable[[], Session], run_id: int, *, settin
             return AttestOutcome(AttestStatus.NO_REGISTRY_IMAGE,
                                  f"run {run_id}'s candidate is not a registry image: nothing to attach an "
                                  "attestation to")
-        destinations = _destinations(session, run, digest)
-        subject_repo = destinations[0]
-        facts_ = facts(session, run, decision)
+        # The candidate, then each further image of the release (manifest `images:`): one decision, each image
+        # attested as itself (its digest, its repositories), where its own tags live.
+        todo = [(digest, _destinations(session, run, digest), facts(session, run, decision))]
+        todo += [(r.digest, _destinations(session, run, r.digest, r), facts(session, run, decision, r))
+                 for r in run.further_images if r.image.builder != "local"]
+        facts_ = todo[0][2]
         insecure = _insecure(run, settings)
-    subject = statement.Subject(subject_repo.name, digest)
-    signed = envelopes(subject, facts_, key)
     own = client is None
     client = client or RegistryClient(insecure)
+    written = []
     try:
-        written = [oci.write(client, dest, digest, signed, replace=statement.PREDICATE_TYPES)
-                   for dest in destinations]
+        for about, destinations, image_facts in todo:
+            signed = envelopes(statement.Subject(destinations[0].name, about), image_facts, key)
+            written += [oci.write(client, dest, about, signed, replace=statement.PREDICATE_TYPES)
+                        for dest in destinations]
     finally:
         if own:
             client.close()

@@ -170,8 +170,14 @@ class BuildLog:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         folder = Path(data_dir) / "builds"
         folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{stamp}-{name}.log"
-        self.path.touch()
+        # A release's images build at once, each to its own file: never two builds in one log.
+        for k in range(1, 1000):
+            self.path = folder / (f"{stamp}-{name}.log" if k == 1 else f"{stamp}-{name}-{k}.log")
+            try:
+                self.path.open("x").close()
+                break
+            except FileExistsError:
+                continue
 
     def write(self, text: str) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:

@@ -36,10 +36,20 @@ def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> 
         out.print(f"   {len(manifest.components)} components, {n_train} training cases, {n_infer} inference cases"
                   + (f", {len(own) - n_train - n_infer} other cases" if len(own) > n_train + n_infer else "")
                   + (f", {n_reference} against the reference image" if n_reference else ""))
-        targets = manifest.expanded_targets()
-        out.print(f"   {len(targets)} promotion targets" + (":" if targets else ""))
-        for target in targets:
-            out.print(f"     {target.name}: {target.reference}", markup=False, highlight=False)
+        for spec in manifest.images:  # further images: each built, checked, run and promoted as itself
+            view = manifest.for_image(spec.name)
+            ran = sum(c.image == spec.name for c in own)
+            out.print(f"   image {spec.name}: {view.release.repository}:{view.release.candidate_tag} "
+                      f"({spec.build.builder}), {len(spec.components)} components, {ran} cases", markup=False,
+                      highlight=False)
+        targets = [(name, t) for name in manifest.image_names
+                   for t in manifest.for_image(name).expanded_targets()]
+        several = bool(manifest.images)
+        out.print(f"   {len(targets)} promotion targets" + (" (all or none)" if several and targets else "")
+                  + (":" if targets else ""))
+        for name, target in targets:
+            label = f"{name}/{target.name}" if several and name != manifest.release.name else target.name
+            out.print(f"     {label}: {target.reference}", markup=False, highlight=False)
     if problems:  # every file's problems (capped as one list), then one exit
         raise ManifestError(problems, more=total - len(problems))
 

@@ -69,20 +69,29 @@ def _print_run(d: dict[str, Any], verbose: bool = False) -> None:
         out.print(d["build_where"], markup=False)
     if d.get("pulls"):
         out.print(d["pulls"], markup=False)
+    several = len(d.get("images") or []) > 1  # a release of several images: say which image each row is about
+    if several:
+        t = Table(title="images")
+        for col in ("image", "candidate", "digest", "builder", "cases"):
+            t.add_column(col, overflow="fold")
+        for i in d["images"]:
+            t.add_row(i["name"], f"{i['repository']}:{i['tag']}", i["digest"], i["builder"] or "n/a",
+                      str(len(i["cases"])))
+        out.print(t)
     if d["components"]:
         t = Table(title="components")
-        for col in ("name", "rule", "expected", "actual", "ok"):
+        for col in ("image",) * several + ("name", "rule", "expected", "actual", "ok"):
             t.add_column(col)
         for c in d["components"]:
-            t.add_row(c["name"], c["rule"], c["expected"], c["actual"] or "missing",
+            t.add_row(*(c["image"],) * several, c["name"], c["rule"], c["expected"], c["actual"] or "missing",
                       "[green]yes[/green]" if c["ok"] else "[red]NO[/red]")
         out.print(t)
     t = Table(title="cases")
-    for col in ("case", "status", "key metrics", "attempts", "exec s"):
+    for col in ("case",) + ("image",) * several + ("status", "key metrics", "attempts", "exec s"):
         t.add_column(col, overflow="fold")
     for r in d["cases"]:
         status = r["status"] + (f" ({r['error_class']})" if r["error_class"] else "")
-        t.add_row(r["case_id"], status, r["key_metrics"], str(r["attempts"]),
+        t.add_row(r["case_id"], *(r["image"],) * several, status, r["key_metrics"], str(r["attempts"]),
                   f"{r['exec_s']:.1f}" if r["exec_s"] is not None else "n/a")
     out.print(t)
     for dec in d["decisions"]:

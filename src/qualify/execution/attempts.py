@@ -82,7 +82,7 @@ def run_case(ctx: RunContext, case: Case, log: Callable[[str], None] = lambda _m
     """
     runner = runner or run_case_on_ray
     infeasible = infeasible or infeasible_reason
-    assert ctx.executor is not None, "obtain_candidate() sets the executor"
+    assert ctx.executor_for(case) is not None, "obtain_candidate() sets the executors"
     ctx.progress.start_case(case.case_id)
     told = threading.Event()
 
@@ -134,7 +134,8 @@ def _name_other_side(doc: dict[str, Any], label: str | None) -> None:
 def _attempts(ctx: RunContext, case: Case, log: Callable[[str], None], runner: CaseRunner,
               infeasible: Callable[[Any], str | None], signal: dict[str, Any]) -> CaseOutcome:
     # The other side: gate.reference's image for a reference case, else the previous release (paired, duet).
-    other = ctx.reference if is_reference_case(case) else ctx.paired
+    other = ctx.reference if is_reference_case(case) else ctx.paired_for(case)
+    executor = ctx.executor_for(case)
     paired_case = is_paired_case(other, ctx.manifest, case)
     case_doc = case.document()
     block = sequential_block(ctx.sessions, ctx.manifest, case, paired=paired_case and other is not None
@@ -154,14 +155,14 @@ def _attempts(ctx: RunContext, case: Case, log: Callable[[str], None], runner: C
             if paired_case and other is not None and other.executor is not None and case.resources.nodes == 1:
                 choice = duet_choice(ctx.manifest, case, infeasible)  # None unless the case's rule says duet
                 extra = {"duet": choice} if isinstance(choice, DuetPolicy) else {}
-                out = runner(ctx.executor, case_doc, case.resources, case.timeout_s,
+                out = runner(executor, case_doc, case.resources, case.timeout_s,
                              baseline=other.executor, baseline_doc=baseline_document(_other_side_case(ctx, case)),
                              **extra, **signal)
                 if isinstance(choice, str):
                     fell_back(out.doc, other.label, choice)
                 _name_other_side(out.doc, other.label)
             else:
-                out = runner(ctx.executor, case_doc, case.resources, case.timeout_s, **signal)
+                out = runner(executor, case_doc, case.resources, case.timeout_s, **signal)
             timed_out = out.doc.get("error_class") == ErrorClass.TIMEOUT
             retryable = out.retryable or (timed_out and ctx.manifest.execution.retry_timeouts)
             if not retryable or attempts > retries:
@@ -173,6 +174,10 @@ def _attempts(ctx: RunContext, case: Case, log: Callable[[str], None], runner: C
         why = other.reason or ("a multi-node case is not re-measured in pairs" if case.resources.nodes > 1
                                else "the case ran without its baseline")
         doc = unpaired(doc, other.label, why)
+    # Which image of the release the case ran in, and how (a release may have several: manifest `images:`).
+    if isinstance(doc.get("environment"), dict) and executor is not None:
+        doc["environment"]["release_image"] = {"name": case.image or ctx.manifest.release.name,
+                                               "executor": executor.describe()}
     result = spool.SpooledResult(case_id=case.case_id, doc=doc, attempts=attempts, queue_wait_s=out.queue_wait_s,
                                  exec_s=out.exec_s, node=out.node,
                                  fingerprint=fingerprint.of_case(case, doc.get("environment") or {}))

@@ -35,9 +35,10 @@ class PairedBaseline:
 
 
 def find_paired_baseline(sessions: sessionmaker[Session], manifest: ReleaseManifest,
-                         build: BuildResult | None) -> PairedBaseline:
+                         build: BuildResult | None, image: str | None = None) -> PairedBaseline:
     """Find the previous release's image: the digest of its baseline run (the newest run whose latest
-    decision is PASS). Container executor: that image by digest. Local executor: an interpreter on this
+    decision is PASS); for one of the release's further images (`image`), that run's image of the same name.
+    Container executor: that image by digest. Local executor: an interpreter on this
     machine whose environment has exactly that digest (the local builder's digest is its package set),
     else pairing is refused with the reason."""
     info = manifest.release
@@ -49,9 +50,17 @@ def find_paired_baseline(sessions: sessionmaker[Session], manifest: ReleaseManif
             return PairedBaseline(None, f"{info.repository}:{info.previous_tag}",
                                   f"the previous release {info.previous_tag} has no run whose latest decision is "
                                   "PASS: no image to re-measure")
-        digest, repository = base_run.image.digest, base_run.image.repository
+        base_image = base_run.image
+        if image is not None:
+            row = next((r for r in repo.run_images(session, base_run.id) if r.name == image), None)
+            if row is None:
+                return PairedBaseline(None, f"{info.repository}:{info.previous_tag} image {image}",
+                                      f"the previous release's run {base_run.id} has no image {image!r}: nothing "
+                                      "to re-measure its cases beside")
+            base_image = row.image
+        digest, repository = base_image.digest, base_image.repository
         label = f"{repository}:{info.previous_tag}@{digest}"
-        stored_python = _stored_build_python(base_run)
+        stored_python = _stored_build_python(base_run, image)
     if manifest.execution.executor == "container":
         from qualify.executors.container import ContainerExecutor
 
@@ -98,13 +107,14 @@ def find_reference(manifest: ReleaseManifest, manifest_dir: Path | None = None) 
     return PairedBaseline(LocalExecutor(python=python), f"{label} (local interpreter {python})")
 
 
-def _stored_build_python(run: Any) -> str | None:
-    """The interpreter a local-builder run used, from its stored manifest (build.python, else the driver's)."""
+def _stored_build_python(run: Any, image: str | None = None) -> str | None:
+    """The interpreter a local-builder run used for an image, from its stored manifest (build.python, else the
+    driver's)."""
     try:
         loaded = repo.run_manifest(run)
-    except Exception:  # noqa: BLE001 - an old manifest that no longer validates: no interpreter known
+        python = loaded.release.for_image(image).build.python
+    except Exception:  # noqa: BLE001 - an old manifest that no longer validates (or lacks the image): none known
         return None
-    python = loaded.release.build.python
     if python and not Path(python).is_absolute() and run.manifest_path:
         python = str((Path(run.manifest_path).resolve().parent / python).resolve())
     return python or sys.executable

@@ -69,31 +69,36 @@ def check_completeness(cases: Sequence[Case], results: Mapping[str, ResultData])
     return reasons
 
 
-def check_components(expected: Sequence[Component], checks: Sequence[ComponentData]) -> list[Reason]:
+def check_components(expected: Sequence[Component], checks: Sequence[ComponentData], image: str = "") -> list[Reason]:
+    """One image's components (image "": the release's own; a further image's checks are named `<image>/<name>`
+    and only its own rows count)."""
     reasons: list[Reason] = []
+    checks = [c for c in checks if c.image == image]
     by_name = {c.name: c for c in checks}
+    label = f"{image}/" if image else ""
     for comp in expected:
         if comp.name not in by_name:
             if comp.optional:
-                reasons.append(Reason(f"component:{comp.name}", None, PASS,
-                                      f"optional component {comp.name} was not checked"))
+                reasons.append(Reason(f"component:{label}{comp.name}", None, PASS,
+                                      f"optional component {label}{comp.name} was not checked"))
             else:
-                reasons.append(Reason(f"component:{comp.name}", None, INCOMPLETE,
-                                      f"component {comp.name} was not checked (expected {comp.expected})"))
+                reasons.append(Reason(f"component:{label}{comp.name}", None, INCOMPLETE,
+                                      f"component {label}{comp.name} was not checked (expected {comp.expected})"))
     for check in checks:
+        name = f"{label}{check.name}"
         figures = {"expected": check.expected, "actual": check.actual, "rule": check.rule,
-                   "optional": check.optional}
+                   "optional": check.optional} | ({"image": image} if image else {})
         if check.ok:
-            reasons.append(Reason(f"component:{check.name}", None, PASS,
-                                  f"{check.name} {check.actual} matches {check.expected} ({check.rule})", figures))
+            reasons.append(Reason(f"component:{name}", None, PASS,
+                                  f"{name} {check.actual} matches {check.expected} ({check.rule})", figures))
         elif check.optional and check.actual is None:
-            reasons.append(Reason(f"component:{check.name}", None, PASS,
-                                  f"optional component {check.name} is not installed", figures))
+            reasons.append(Reason(f"component:{name}", None, PASS,
+                                  f"optional component {name} is not installed", figures))
         else:
             found = check.actual if check.actual is not None else "not found"
             detail = f" ({check.detail})" if check.detail else ""
-            reasons.append(Reason(f"component:{check.name}", None, FAIL,
-                                  f"{check.name}: expected {check.expected} ({check.rule}), found {found}{detail}",
+            reasons.append(Reason(f"component:{name}", None, FAIL,
+                                  f"{name}: expected {check.expected} ({check.rule}), found {found}{detail}",
                                   figures))
     return reasons
 

@@ -78,19 +78,23 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
              today: dt.date, expected_components: Sequence[Component] = (),
              waivers: Sequence[Waiver] | None = None, baseline_label: str = "",
              previous_named: bool | None = None,
-             calibrations: Mapping[str, RunVariation] | None = None) -> Judgement:
+             calibrations: Mapping[str, RunVariation] | None = None,
+             image_components: Mapping[str, Sequence[Component]] | None = None) -> Judgement:
     """Judge one run.
 
     ``baseline`` is the previous release's results by case id, or None when there is no usable
     baseline run. ``previous_named`` says whether the release names a previous tag (then a missing
     baseline is INCOMPLETE unless the policy makes it optional; see check_regression).
     ``calibrations``: the run-to-run variation per fingerprint and metric (qualify.gate.calibration.lookup)
-    that history mode needs to decide. ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
+    that history mode needs to decide. ``image_components``: the components each further image of the release
+    must contain (manifest `images:`), by image name; the verdict covers every image. ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
     """
     current = _index(results)
     base = None if baseline is None else _index(baseline)
     reasons: list[Reason] = []
     reasons += check_components(expected_components, components)
+    for image, expected in (image_components or {}).items():
+        reasons += check_components(expected, components, image)
     reasons += check_completeness(cases, current)
     reasons += check_thresholds(policy, cases, current)
     reasons += check_agreement(policy, cases, current, base)

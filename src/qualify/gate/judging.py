@@ -76,7 +76,8 @@ def evaluate_run(session: Session, run_id: int, *, today: dt.date | None = None,
     calibrations = repo.calibrations_for(session, [r.fingerprint for r in results.values()])
     judgement = evaluate(manifest.gate, cases, results, components, baseline,
                          today=today or dt.date.today(), expected_components=manifest.components,
-                         baseline_label=label, previous_named=bool(previous), calibrations=calibrations)
+                         baseline_label=label, previous_named=bool(previous), calibrations=calibrations,
+                         image_components={i.name: i.components for i in manifest.images})
     decision = None
     if record:
         decision = repo.record_decision(session, run, judgement.verdict, judgement.reason_dicts(),

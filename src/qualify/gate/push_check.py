@@ -54,12 +54,19 @@ class PushCheck:
                 "problems": self.problems}
 
 
-def qualified_repositories(run: Run) -> set[str]:
-    """Where the run's digest may be pushed: the release repository, the candidate's, and every target's."""
-    names = {_name(run.release.repository)}
-    if run.image is not None:
-        names.add(_name(run.image.repository))
-    names |= _target_names(run)
+def qualified_repositories(run: Run, digest: str | None = None) -> set[str]:
+    """Where the run's digest may be pushed: the release repository, the candidate's, and every target's. For one
+    of the run's further images (`digest` is one of theirs): that image's repository and its own targets only
+    (a serving image's digest is not qualified as the training image)."""
+    further = next((r for r in run.further_images if r.digest == digest), None) if (
+        digest and digest != run.candidate_digest) else None
+    if further is not None:
+        names = {_name(further.image.repository)} | _target_names(run, further.name)
+    else:
+        names = {_name(run.release.repository)}
+        if run.image is not None:
+            names.add(_name(run.image.repository))
+        names |= _target_names(run)
     names.discard(None)
     return {n for n in names if n}
 
@@ -71,16 +78,16 @@ _TARGETS: dict[str, frozenset[str | None]] = {}
 _TARGETS_MAX = 20_000
 
 
-def _target_names(run: Run) -> frozenset[str | None]:
-    key = hashlib.sha256((run.manifest_text or "").encode()).hexdigest()
+def _target_names(run: Run, image: str | None = None) -> frozenset[str | None]:
+    key = hashlib.sha256((run.manifest_text or "").encode()).hexdigest() + (f"/{image}" if image else "")
     found = _TARGETS.get(key)
     if found is not None:
         return found
     from qualify.manifest.load import ManifestError  # the manifest model loads only when a run has to be read
 
     try:
-        targets = repo.run_manifest(run).release.expanded_targets()
-    except ManifestError:
+        targets = repo.run_manifest(run).release.for_image(image).expanded_targets()
+    except (ManifestError, KeyError):
         targets = []
     found = frozenset(_name(t.reference) for t in targets)
     if len(_TARGETS) >= _TARGETS_MAX:
@@ -112,9 +119,9 @@ def check_push(session: Session, ref: ImageRef, digest: str, *, tag_digest: str 
     if not every:
         return out
     out.newest_decision = decisions[-1][0].id
-    scope = [s for s in every if ref.name in qualified_repositories(s.run)]
+    scope = [s for s in every if ref.name in qualified_repositories(s.run, digest)]
     if not scope:
-        allowed = set().union(*(qualified_repositories(s.run) for s in every))
+        allowed = set().union(*(qualified_repositories(s.run, digest) for s in every))
         out.problems.append(f"repository {ref.name} is not where {digest} was qualified "
                             f"(qualified for: {', '.join(sorted(allowed))})")
         scope = every

@@ -64,11 +64,12 @@ class ComponentData:
     rule: str = "exact"
     optional: bool = False
     detail: str = ""
+    image: str = ""  # the release image it was checked in: "" the release's own, else its name in `images:`
 
     @classmethod
     def from_row(cls, row: Any) -> "ComponentData":
         return cls(name=row.name, ok=bool(row.ok), expected=row.expected, actual=row.actual, rule=row.rule,
-                   optional=bool(row.optional), detail=row.detail or "")
+                   optional=bool(row.optional), detail=row.detail or "", image=getattr(row, "image", "") or "")
 
 
 @dataclass

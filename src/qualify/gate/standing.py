@@ -62,8 +62,10 @@ def by_release(decisions: Sequence[tuple[GateDecision, Run]]) -> list[Standing]:
     return [Standing(run, latest[run.id]) for _, run in sorted(newest_run.items())]
 
 
-def standing_of_run(session: Session, run: Run) -> Standing | None:
-    """The standing of the release of `run` for the run's digest (None when nothing judged it)."""
-    if not run.candidate_digest:
+def standing_of_run(session: Session, run: Run, digest: str | None = None) -> Standing | None:
+    """The standing of the release of `run` for the run's digest, or one of its further images' `digest` (None
+    when nothing judged it)."""
+    digest = digest or run.candidate_digest
+    if not digest:
         return None
-    return next((s for s in standings(session, run.candidate_digest) if s.release_id == run.release_id), None)
+    return next((s for s in standings(session, digest) if s.release_id == run.release_id), None)

@@ -132,3 +132,11 @@ def no_duplicates(names: list[str], what: str) -> None:
         if name in seen:
             raise ValueError(f"duplicate {what} name {name!r}")
         seen.add(name)
+
+
+def repository_only(value: str) -> str:
+    """An image repository, without tag or digest (ValueError otherwise): a release's, or one of its images'."""
+    ref = check_reference(value)
+    if ref.tag or ref.digest:
+        raise ValueError(f"{value!r} must be a repository without tag or digest")
+    return value

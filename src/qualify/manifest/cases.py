@@ -50,13 +50,14 @@ class Case:
     timeout_s: int
     tags: tuple[str, ...] = field(default=())
     launches: int = 1  # independent process launches (qualify.launches); timeout_s bounds each
+    image: str | None = None  # the release image it runs in (manifest `images:`); None: the release's own
 
     @classmethod
     def build(cls, case_id: str, kind: str, model: str | None, variant: str | None,
               params: dict[str, Any], env: dict[str, str], resources: Resources, timeout_s: int,
-              launches: int = 1) -> "Case":
+              launches: int = 1, image: str | None = None) -> "Case":
         return cls(case_id, kind, model, variant, _freeze(params), _freeze(env), resources, timeout_s,
-                   launches=launches)
+                   launches=launches, image=image)
 
     def document(self) -> dict[str, Any]:
         """The workload protocol's case document, with the number of launches for the Ray task."""
@@ -65,7 +66,9 @@ class Case:
         return doc
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        # "image" only when the case names one: the fingerprints of cases in the release's own image stay as
+        # they were (their history compares across releases).
+        return ({"image": self.image} if self.image else {}) | {
             "case_id": self.case_id,
             "kind": self.kind,
             "model": self.model,
@@ -92,7 +95,7 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
     if release.training is not None:
         for model in release.training.models:
             for variant in release.training.variants:
-                cases.append(_train_case(release, model, variant, timeout))
+                cases.append(replace(_train_case(release, model, variant, timeout), image=_image(release, model.image)))
     if release.inference is not None:
         for model in release.inference.models:
             for scheme in model.schemes:
@@ -112,13 +115,13 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
                 cases.append(Case.build(
                     infer_case_id(model.name, scheme.scheme), "infer", model.name, scheme.scheme,
                     params, env, Resources.model_validate(resources) if resources else Resources(), timeout,
-                    launches=release.execution.launches_for("infer")))
+                    launches=release.execution.launches_for("infer"), image=_image(release, model.image)))
     for custom in release.custom_cases:
         for k in range(custom.count):
             case_id = custom_case_id(custom.kind, custom.name, k, custom.count)
             cases.append(Case.build(case_id, custom.kind, None, custom.name, dict(custom.params), {},
                                     custom.resources or Resources(), timeout,
-                                    launches=release.execution.launches_for(custom.kind)))
+                                    launches=release.execution.launches_for(custom.kind), image=_image(release, custom.image)))
     compared = set(release.reference_case_ids())
     # gate.reference: each case it names again, the candidate beside the reference image (the same case document:
     # what differs is the other side, chosen by the id's prefix in execution.attempts and gate.regression_for).
@@ -127,6 +130,11 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
     duplicates = sorted(i for i, n in Counter(c.case_id for c in cases).items() if n > 1)
     assert not duplicates, f"case ids must be unique, these repeat: {duplicates}"  # validation prevents it
     return cases
+
+
+def _image(release: ReleaseManifest, name: str | None) -> str | None:
+    """A case's image as the case records it: None for the release's own (named or not)."""
+    return None if name in (None, release.release.name) else name
 
 
 def devices_per_node(resources: Resources) -> int:

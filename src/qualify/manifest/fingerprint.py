@@ -54,5 +54,8 @@ def differences(candidate: Mapping[str, Any] | None, baseline: Mapping[str, Any]
 
 def of_case(case: "Case", environment: Mapping[str, Any]) -> dict[str, Any]:
     """The fingerprint of a case's result, from the case and the environment its workload reported."""
-    return result_fingerprint(case.kind, dict(case.params), environment,
-                              case.resources.model_dump(mode="json", exclude_defaults=True), case.launches)
+    fp = result_fingerprint(case.kind, dict(case.params), environment,
+                            case.resources.model_dump(mode="json", exclude_defaults=True), case.launches)
+    if case.image:  # a case in another image of the release is compared with its like (the release's own: none)
+        fp["image"] = case.image
+    return fp

@@ -180,6 +180,8 @@ class TrainModel(Strict):
     preset: str | None = None
     config_path: str | None = None
     settings: TrainSettings = Field(default_factory=TrainSettings)
+    # The image its cases run in (a name from `images:`); absent: the release's own image.
+    image: Name | None = None
 
 
 class TrainVariant(Strict):
@@ -248,6 +250,7 @@ class InferModel(Strict):
     moe: bool = False
     schemes: list[InferScheme] = Field(min_length=1)
     settings: InferSettings = Field(default_factory=InferSettings)
+    image: Name | None = None  # as TrainModel.image
 
     @model_validator(mode="after")
     def _unique(self) -> "InferModel":
@@ -275,3 +278,4 @@ class CustomCase(Strict):
     resources: Resources | None = None
     # No upper bound here: the total over the manifest is capped (manifest_load.LIMITS.max_cases).
     count: int = Field(default=1, ge=1)
+    image: Name | None = None  # as TrainModel.image

@@ -16,8 +16,9 @@ from qualify.imageref import TAG_PATTERN
 # The parts of the manifest, re-exported: `from qualify.manifest import X` (and `.model`) keeps working.
 from qualify.manifest.base import (  # noqa: F401
     DEEPSEEK_R1_MAX_MODEL_LEN, NAME_RE, Engine, Name, Probe, Scheme, Strict, check_reference, inference_model_names,
-    is_model_path, no_duplicates, training_presets)
+    is_model_path, no_duplicates, repository_only, training_presets)
 from qualify.manifest.build import BuildSpec, ContainerOptIn, ContainerOptions, HostPath, Reason  # noqa: F401
+from qualify.manifest.images import ImageSpec  # noqa: F401
 from qualify.manifest.matrix import (  # noqa: F401
     DEFAULT_LAUNCHES, MAX_LAUNCHES, CaseKind, Component, CustomCase, ExecutionSpec, InferenceMatrix, InferModel,
     InferScheme, InferSettings, Resources, TrainingMatrix, TrainModel, TrainSettings, TrainVariant)
@@ -79,6 +80,7 @@ __all__ = [
     "InsecureRegistryOptIn",
     "PromotionSpec",
     "ExpandedTarget",
+    "ImageSpec",
     "ReleaseManifest",
 ]
 
@@ -96,10 +98,7 @@ class ReleaseInfo(Strict):
     @field_validator("repository")
     @classmethod
     def _repository(cls, value: str) -> str:
-        ref = check_reference(value)
-        if ref.tag or ref.digest:
-            raise ValueError(f"{value!r} must be a repository without tag or digest")
-        return value
+        return repository_only(value)
 
     @field_validator("tag", "candidate_tag", "previous_tag")
     @classmethod
@@ -131,6 +130,8 @@ class ReleaseManifest(Strict):
     api_version: Literal["qualify/v1"] = Field(alias="apiVersion", default="qualify/v1")
     release: ReleaseInfo
     build: BuildSpec = Field(default_factory=BuildSpec)
+    # Further images of the release (the release's own is the first and the default): manifest/images.py.
+    images: list[ImageSpec] = Field(default_factory=list)
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     components: list[Component] = Field(default_factory=list)
     training: TrainingMatrix | None = None
@@ -155,9 +156,61 @@ class ReleaseManifest(Strict):
         if self.gate.regression.baseline == "paired" and self.gate.regression.enabled and not self.release.previous_tag:
             raise ValueError("gate.regression.baseline 'paired' re-measures the previous release beside the "
                              "candidate: name it in release.previous_tag")
+        self._images_named()
         self._launches_cover_first_look()
         self._reference_usable()
         return self
+
+    def _images_named(self) -> None:
+        """Image names unique (the release's own is release.name), one repository each, and every case's
+        `image:` one of them."""
+        names = [self.release.name] + [i.name for i in self.images]
+        for k, spec in enumerate(self.images):
+            if spec.name in names[:k + 1]:  # the release's own, or an earlier image
+                raise ValueError(f"images[{k}].name: {spec.name!r} names two images (the release's own image is "
+                                 f"called {self.release.name!r}, its release.name)")
+        repositories = [self.release.repository] + [i.repository for i in self.images]
+        for k, spec in enumerate(self.images):
+            if repositories.count(spec.repository) > 1:
+                raise ValueError(f"images[{k}].repository: {spec.repository!r} is another image's repository: "
+                                 "each image of a release has its own (their tags would overwrite each other)")
+        for field_path, image in self._case_images():
+            if image is not None and image not in names:
+                raise ValueError(f"{field_path}.image: {image!r} is not an image of the release "
+                                 f"({', '.join(names)})")
+
+    def _case_images(self) -> list[tuple[str, str | None]]:
+        out: list[tuple[str, str | None]] = []
+        if self.training is not None:
+            out += [(f"training.models[{k}]", m.image) for k, m in enumerate(self.training.models)]
+        if self.inference is not None:
+            out += [(f"inference.models[{k}]", m.image) for k, m in enumerate(self.inference.models)]
+        out += [(f"custom_cases[{k}]", c.image) for k, c in enumerate(self.custom_cases)]
+        return out
+
+    @property
+    def image_names(self) -> list[str]:
+        """Every image of the release, the release's own first (it is called release.name)."""
+        return [self.release.name] + [i.name for i in self.images]
+
+    def image_spec(self, name: str) -> ImageSpec | None:
+        return next((i for i in self.images if i.name == name), None)
+
+    def for_image(self, name: str | None) -> "ReleaseManifest":
+        """The manifest as one image sees it: its repository, tags, build, components and promotion targets in
+        the release's places (the rest shared), so that building, verifying, pairing with the previous release
+        and promoting an image go through the code that does it for the release's own. `None` or release.name:
+        this manifest."""
+        if name is None or name == self.release.name:
+            return self
+        spec = self.image_spec(name)
+        if spec is None:
+            raise KeyError(name)
+        release = self.release.model_copy(update={
+            "repository": spec.repository, "candidate_tag": spec.candidate_tag or self.release.candidate_tag})
+        return self.model_copy(update={"release": release, "build": spec.build, "components": spec.components,
+                                       "promotion": self.promotion.model_copy(update={"targets": spec.targets}),
+                                       "images": []})
 
     def _reference_usable(self) -> None:
         ref = self.gate.reference

@@ -128,7 +128,7 @@ def _banner(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
             f"<div class='sub counts'>checks: {counts or 'none'}</div></header>")
 
 
-NAV = [("gate", "verdict"), ("run", "run"), ("history", "other runs"), ("promotions", "promotions"),
+NAV = [("gate", "verdict"), ("run", "run"), ("images", "images"), ("history", "other runs"), ("promotions", "promotions"),
        ("components", "components"), ("training", "training"),
        ("baseline", "baseline"), ("reference", "reference"), ("inference", "inference"), ("probes", "probes"), ("waivers", "waivers"),
        ("retries", "retries"), ("cases", "cases"), ("environment", "environment")]
@@ -199,6 +199,18 @@ def _run_facts(view: dict[str, Any], decision: dict[str, Any] | None) -> str:
             + "".join(f"<tr><th>{esc(name)}</th><td>{value}</td></tr>" for name, value in rows) + "</table></section>")
 
 
+def _images(view: dict[str, Any]) -> str:
+    """A release of several images (manifest `images:`): each image, its digest, and the cases that ran in it."""
+    images = view.get("images") or []
+    if len(images) < 2:
+        return ""
+    rows = [[esc(i["name"]), esc(f"{i['repository']}:{i['tag']}"), f"<code>{esc(i['digest'])}</code>",
+             esc(i["builder"] or "n/a"), esc(", ".join(i["cases"]) or "none")] for i in images]
+    return ("<section id='images'><h2>Images</h2><p>The verdict covers every image; a PASS promotes each to its own "
+            "targets, all or none.</p>" + _table(["image", "candidate", "digest", "builder", "cases run in it"], rows)
+            + "</section>")
+
+
 def _flow_run_link(view: dict[str, Any]) -> str:
     """The flow run's page in the Prefect UI when its URL is known (view['flow_run_url']), else its bare id."""
     flow_run_id = view.get("flow_run_id")
@@ -225,7 +237,9 @@ def _components(view: dict[str, Any]) -> str:
             return esc(was or "missing")
         return f"<b>{esc(was or 'missing')} → {esc(component['actual'] or 'missing')}</b>"
 
-    rows = [[esc(component["name"]), esc(component["rule"]), esc(component["expected"]),
+    several = len(view.get("images") or []) > 1
+    rows = [[*([esc(component.get("image") or "")] if several else []), esc(component["name"]),
+             esc(component["rule"]), esc(component["expected"]),
              esc(component["actual"] or "missing"), *([against_baseline(component)] if baseline else []),
              ("<span class='PASS'>yes</span>" if component["ok"] else
               "<span class='WAIVED'>optional, absent</span>" if absent_optional(component) else
@@ -233,7 +247,7 @@ def _components(view: dict[str, Any]) -> str:
     return (f"<section id='components'><h2>Components</h2><p>{len(comps) - len(bad)}/{len(comps)} as expected.</p>"
             + (f"<p>Against the baseline run {baseline['run']} ({esc(baseline['release'])}): a change is shown "
                "as before → now.</p>" if baseline else "")
-            + _table(["name", "rule", "expected", "actual",
+            + _table([*(["image"] if several else []), "name", "rule", "expected", "actual",
                       *([f"baseline run {baseline['run']}"] if baseline else []), "ok", "detail"], rows,
                      row_classes=["bad" if component in bad else "" for component in comps]) + "</section>")
 
@@ -667,15 +681,18 @@ def render(view: dict[str, Any]) -> str:
     decision = view["decisions"][-1] if view["decisions"] else None
     verdict = decision["verdict"] if decision else "no decision"
     reference = _reference(decision)
+    images = _images(view)
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{esc(verdict)}: {esc(view['release'])} run {view['run']} — qualify report</title>",
         f"<style>{CSS}</style></head><body>",
         _banner(view, decision),
         "<main><nav>" + "".join(f"<a href='#{anchor}'>{esc(title)}</a>" for anchor, title in NAV
-                                if anchor != "reference" or reference) + "</nav>",
+                                if (anchor != "reference" or reference) and (anchor != "images" or images))
+        + "</nav>",
         _gate(decision),
         _run_facts(view, decision),
+        images,
         _earlier_runs(view),
         _promotions(view),
         _components(view),

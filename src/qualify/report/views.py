@@ -57,6 +57,21 @@ def manifest_order(run: Run) -> dict[str, int]:
     return {case.case_id: k for k, case in enumerate(manifest_cases(run))}
 
 
+def images_view(run: Run, cases: Sequence[Any]) -> list[dict[str, Any]]:
+    """Every image of the run (the release's own first, named release.name, then its further images) and the
+    cases that ran in each: the report and `runs show` say which image each case used."""
+    rows: list[dict[str, Any]] = []
+    if run.image is not None:
+        rows.append({"name": run.release.name, "repository": run.image.repository, "tag": run.image.tag,
+                     "digest": run.image.digest, "builder": run.image.builder})
+    rows += [{"name": r.name, "repository": r.image.repository, "tag": r.image.tag, "digest": r.digest,
+              "builder": r.image.builder} for r in run.further_images]
+    for row in rows:
+        own = row["name"] == run.release.name
+        row["cases"] = [c.case_id for c in cases if (c.image is None if own else c.image == row["name"])]
+    return rows
+
+
 def pull_line(pulls: Sequence[Mapping[str, Any]]) -> str | None:
     """`pulls: <image> on N node(s): a 12.3 s, b 0.4 s` for the run views; None when nothing was pulled."""
     if not pulls:
@@ -86,11 +101,13 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
     detail = run_summary(session, run)
     results = repo.case_results(session, run.id)
     spent, schedule = run_time(run, results, cases)
+    image_of = {case.case_id: case.image or run.release.name for case in cases}
     detail.update({
         "repository": run.release.repository,
         "tag": run.release.tag,
         "image": ({"repository": run.image.repository, "tag": run.image.tag, "digest": run.image.digest,
                    "builder": run.image.builder} if run.image else None),
+        "images": images_view(run, cases),
         "error": run.error,
         "triggered_by": run.triggered_by,
         "manifest_path": run.manifest_path,
@@ -103,7 +120,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
         "build_where": build_line((run.cluster or {}).get("build")),
         "components": [
             {"name": c.name, "rule": c.rule, "expected": c.expected, "actual": c.actual, "ok": c.ok,
-             "optional": c.optional, "detail": c.detail}
+             "optional": c.optional, "detail": c.detail, "image": c.image or run.release.name}
             for c in repo.component_checks(session, run.id)
         ],
         "cases": [
@@ -111,7 +128,7 @@ def run_detail(session: Session, run_id: int) -> dict[str, Any] | None:
              "error_class": r.error_class, "error": r.error, "metrics": r.metrics, "probes": r.probes,
              "samples": r.samples, "environment": r.environment, "log_tail": r.log_tail,
              "key_metrics": key_metrics(r), "attempts": r.attempts, "queue_wait_s": r.queue_wait_s,
-             "exec_s": r.exec_s, "node": r.node}
+             "exec_s": r.exec_s, "node": r.node, "image": image_of.get(r.case_id, run.release.name)}
             for r in sorted(results,
                             key=lambda r: (order.get(r.case_id, len(order)), r.case_id))
         ],

@@ -106,14 +106,37 @@ class Run(Base):
 
     release: Mapped[Release] = relationship()
     image: Mapped[Image | None] = relationship()
+    # The release's further images as this run built them (manifest `images:`), in build order.
+    further_images: Mapped[list["RunImage"]] = relationship(order_by="RunImage.id", viewonly=True)
+
+
+class RunImage(Base):
+    """A further image of the release (manifest `images:`) as a run built it; the run's own candidate is
+    runs.image / runs.candidate_digest. The verdict covers it: its digest stands as the run's does."""
+
+    __tablename__ = "run_images"
+    __table_args__ = (
+        UniqueConstraint("run_id", "name", name="uq_run_images_run_name"),
+        Index("ix_run_images_digest", "digest"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    image_id: Mapped[int] = mapped_column(ForeignKey("images.id"))
+    digest: Mapped[str] = mapped_column(String(160))
+
+    image: Mapped[Image] = relationship()
 
 
 class ComponentCheck(Base):
     __tablename__ = "component_checks"
-    __table_args__ = (UniqueConstraint("run_id", "name", name="uq_component_checks_run_name"),)
+    __table_args__ = (UniqueConstraint("run_id", "image", "name", name="uq_component_checks_run_image_name"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    # The release image it was checked in: "" for the release's own, else its name in `images:`.
+    image: Mapped[str] = mapped_column(String(64), default="", server_default="")
     name: Mapped[str] = mapped_column(String(64))
     rule: Mapped[str] = mapped_column(String(16))
     expected: Mapped[str] = mapped_column(String(256))

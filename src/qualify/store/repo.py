@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
@@ -22,6 +22,7 @@ from qualify.store.models import (
     Promotion,
     Release,
     Run,
+    RunImage,
     utcnow,
 )
 
@@ -96,16 +97,7 @@ def attach_candidate(session: Session, run: Run, image: Image,
 
     A running run whose driver is gone (`stale` returns why) is marked aborted first, so a killed driver
     never blocks its digest forever."""
-    active = session.scalar(select(Run).where(Run.candidate_digest == image.digest, Run.status == "running",
-                                              Run.id != run.id))
-    why = stale(active) if active is not None else None
-    if active is not None and why:
-        finish_run(session, active, "aborted", f"aborted by run {run.id}: {why}")
-        session.flush()
-        active = None
-    if active is not None:
-        raise RunConflict(f"run {active.id} of digest {image.digest} is still running "
-                          f"(started {active.started_at:%Y-%m-%d %H:%M:%S}); resume or wait for it")
+    _refuse_while_running(session, run, image.digest, stale, f"of digest {image.digest}")
     try:
         with session.begin_nested():  # a savepoint: a conflict undoes only this binding
             run.image_id = image.id
@@ -113,6 +105,55 @@ def attach_candidate(session: Session, run: Run, image: Image,
             session.flush()
     except IntegrityError as exc:  # the partial unique index caught a concurrent start
         raise RunConflict(f"another run of digest {image.digest} is running") from exc
+
+
+def _refuse_while_running(session: Session, run: Run, digest: str, stale: Callable[[Run], str | None],
+                          what: str) -> None:
+    """RunConflict while another run qualifies the digest; a running run whose driver is gone (`stale` says why)
+    is marked aborted first, so a killed driver never blocks its digest forever."""
+    active = _running_with(session, digest, run.id)
+    why = stale(active) if active is not None else None
+    if active is not None and why:
+        finish_run(session, active, "aborted", f"aborted by run {run.id}: {why}")
+        session.flush()
+        active = None
+    if active is not None:
+        raise RunConflict(f"run {active.id} {what} is still running "
+                          f"(started {active.started_at:%Y-%m-%d %H:%M:%S}); resume or wait for it")
+
+
+def _running_with(session: Session, digest: str, run_id: int) -> Run | None:
+    """Another running run that qualifies this digest, as its candidate or as one of its further images."""
+    further = select(RunImage.run_id).where(RunImage.digest == digest).scalar_subquery()
+    return session.scalar(select(Run).where(or_(Run.candidate_digest == digest, Run.id.in_(further)),
+                                            Run.status == "running", Run.id != run_id).limit(1))
+
+
+def attach_image(session: Session, run: Run, name: str, image: Image,
+                 stale: Callable[[Run], str | None] = lambda _run: None) -> RunImage:
+    """Bind one of the release's further images to the run (as attach_candidate binds its own): refused while
+    another run qualifies that digest. A resumed run finds its row again; a different digest is refused."""
+    _refuse_while_running(session, run, image.digest, stale, f"qualifying image {name}'s digest {image.digest}")
+    row = session.scalar(select(RunImage).where(RunImage.run_id == run.id, RunImage.name == name))
+    if row is not None and row.digest != image.digest:
+        raise BadInput(f"run {run.id} qualified image {name} as {row.digest}; it is now {image.digest}: "
+                       "start a new run")
+    if row is None:
+        row = RunImage(run_id=run.id, name=name, image_id=image.id, digest=image.digest)
+        session.add(row)
+        session.flush()
+    return row
+
+
+def run_images(session: Session, run_id: int) -> Sequence[RunImage]:
+    """The run's further images, in the manifest's order of building (by id), their Image rows loaded."""
+    return session.scalars(select(RunImage).options(joinedload(RunImage.image))
+                           .where(RunImage.run_id == run_id).order_by(RunImage.id)).all()
+
+
+def runs_of_further_image(session: Session, digest: str) -> list[int]:
+    """The runs that qualified `digest` as one of their further images (usually none: one indexed lookup)."""
+    return list(session.scalars(select(RunImage.run_id).where(RunImage.digest == digest)))
 
 
 def set_stage(session: Session, run: Run, stage: str, seconds: float | None = None) -> None:
@@ -157,7 +198,8 @@ def find_runs(session: Session, *, release: str | None = None, tag: str | None =
         if tag is not None:
             query = query.where(Release.tag == tag)
     if digest is not None:
-        query = query.where(Run.candidate_digest == digest)
+        further = select(RunImage.run_id).where(RunImage.digest == digest).scalar_subquery()
+        query = query.where(or_(Run.candidate_digest == digest, Run.id.in_(further)))
     if verdict is not None:
         latest = (select(GateDecision.verdict).where(GateDecision.run_id == Run.id)
                   .order_by(GateDecision.id.desc()).limit(1).scalar_subquery())
@@ -168,10 +210,11 @@ def find_runs(session: Session, *, release: str | None = None, tag: str | None =
 # --------------------------------------------------------------------------- component checks
 
 
-def record_component_checks(session: Session, run: Run, checks: list[dict[str, Any]]) -> None:
-    session.query(ComponentCheck).filter(ComponentCheck.run_id == run.id).delete()
+def record_component_checks(session: Session, run: Run, checks: list[dict[str, Any]], image: str = "") -> None:
+    """One image's checks (image "": the release's own), replacing that image's earlier ones."""
+    session.query(ComponentCheck).filter(ComponentCheck.run_id == run.id, ComponentCheck.image == image).delete()
     for check in checks:
-        session.add(ComponentCheck(run_id=run.id, name=check["name"], rule=check["rule"],
+        session.add(ComponentCheck(run_id=run.id, image=image, name=check["name"], rule=check["rule"],
                                    expected=check["expected"], actual=check.get("actual"),
                                    ok=bool(check["ok"]), optional=bool(check.get("optional", False)),
                                    detail=check.get("detail", "")))
@@ -291,9 +334,14 @@ def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | 
 
 def decisions_for_digest(session: Session, digest: str) -> Sequence[tuple[GateDecision, Run]]:
     """Every decision about a digest with its run (and the run's release loaded), oldest first by id."""
+    # A digest is judged as a run's candidate (the decision's own digest) or as one of a run's further images
+    # (run_images): then that run's decisions are about it too. The second lookup is one index probe.
+    further = runs_of_further_image(session, digest)
+    about = or_(GateDecision.digest == digest, GateDecision.run_id.in_(further)) if further else (
+        GateDecision.digest == digest)
     stmt = (select(GateDecision, Run).join(Run, Run.id == GateDecision.run_id)
             .options(joinedload(Run.release), joinedload(Run.image))
-            .where(GateDecision.digest == digest).order_by(GateDecision.id))
+            .where(about).order_by(GateDecision.id))
     return [(d, r) for d, r in session.execute(stmt).unique().all()]
 
 
