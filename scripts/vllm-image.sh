@@ -27,6 +27,9 @@ HASH="$(cat "$CTX/Containerfile" "$CTX/constraints.txt" "$CTX/quantizer-constrai
 IMAGE="$NAME:$HASH"
 
 bash "$HERE/scripts/base-image.sh" >/dev/null
+# One builder at a time: a second call (a test beside .ci/run's background build) waits, then finds it made.
+exec 9>"$STORE/vllm-image.lock"
+flock 9
 export CONTAINERS_CONF="$STORE/containers.conf"
 BUILDAH=(buildah --root "$STORE/root" --runroot "$STORE/runroot")
 if "${BUILDAH[@]}" inspect --type image "$IMAGE" >/dev/null 2>&1; then

@@ -105,8 +105,21 @@ def sessions(db_url: str):
     engine.dispose()
 
 
+def _order(item: pytest.Item) -> int:
+    """Unit tests first (the fast answer), then the integration tests, then those that need container images, the
+    vLLM image's last: the images build meanwhile (`.ci/run` starts scripts/base-image.sh and scripts/vllm-image.sh
+    beside the suite; a test's own call of the script waits on the script's lock and finds the image made)."""
+    if item.get_closest_marker("unit"):
+        return 0
+    if item.get_closest_marker("vllm"):
+        return 3
+    return 2 if item.get_closest_marker("container") else 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test is `unit` or `integration` by the folder it lives in (`-m unit` is the fast path)."""
+    """Every test is `unit` or `integration` by the folder it lives in (`-m unit` is the fast path); the order
+    is _order's (stable within each group: files and tests as written)."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         item.add_marker(pytest.mark.unit if "unit" in parts else pytest.mark.integration)
+    items[:] = sorted(items, key=_order)

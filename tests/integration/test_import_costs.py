@@ -53,3 +53,28 @@ def test_gate_check_imports_only_what_a_check_needs(tmp_path: Path) -> None:
             f"print('LOADED', sorted(m for m in {heavy!r} if m in sys.modules), 'EXIT', code, file=sys.stderr)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "LOADED [] EXIT 1" in out.stderr, out.stderr[-3000:]  # never judged: refused, and nothing heavy loaded
+
+
+def test_gate_check_of_a_judged_digest_in_its_own_repository_parses_no_manifest(tmp_path: Path) -> None:
+    """The check CI makes after a build, on a judged digest: its repository is the run's own, so the stored manifest
+    (the promotion targets) is never parsed and the manifest model never imported."""
+    from support.gate import manifest_text, seed_run
+
+    from qualify.gate.judging import evaluate_and_commit
+    from qualify.store.engine import open_database
+
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    engine, sessions = open_database(db)
+    digest = "sha256:" + "b" * 64
+    with sessions() as s:
+        run_id = seed_run(s, manifest_text(release_extra={"previous_tag": None}), digest=digest).id
+        s.commit()
+    assert evaluate_and_commit(sessions, run_id).judgement.verdict == "PASS"
+    engine.dispose()
+    heavy = ["qualify.manifest.model", "qualify.manifest.load", "scipy", "prefect", "ray"]
+    code = ("import sys, runpy\n"
+            f"sys.argv = ['qualify', 'gate', 'check', '127.0.0.1:5000/qualify/demo@{digest}', '--db', {db!r}]\n"
+            "try:\n    runpy.run_module('qualify', run_name='__main__')\nexcept SystemExit as exc:\n    code = exc.code\n"
+            f"print('LOADED', sorted(m for m in {heavy!r} if m in sys.modules), 'EXIT', code, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "LOADED [] EXIT 0" in out.stderr, out.stdout + out.stderr[-3000:]

@@ -58,17 +58,33 @@ def qualified_repositories(run: Run, digest: str | None = None) -> set[str]:
     """Where the run's digest may be pushed: the release repository, the candidate's, and every target's. For one
     of the run's further images (`digest` is one of theirs): that image's repository and its own targets only
     (a serving image's digest is not qualified as the training image)."""
-    further = next((r for r in run.further_images if r.digest == digest), None) if (
-        digest and digest != run.candidate_digest) else None
-    if further is not None:
-        names = {_name(further.image.repository)} | _target_names(run, further.name)
-    else:
-        names = {_name(run.release.repository)}
-        if run.image is not None:
-            names.add(_name(run.image.repository))
-        names |= _target_names(run)
+    further = _further(run, digest)
+    names = _own_repositories(run, further) | _target_names(run, further.name if further is not None else None)
     names.discard(None)
     return {n for n in names if n}
+
+
+def qualifies(run: Run, digest: str, name: str) -> bool:
+    """Whether `name` is one of qualified_repositories(run, digest), reading the stored manifest's targets only
+    when it is not the image's own repository (the common case for CI's check after a build: no manifest parse)."""
+    further = _further(run, digest)
+    return name in _own_repositories(run, further) or name in _target_names(
+        run, further.name if further is not None else None)
+
+
+def _further(run: Run, digest: str | None) -> Any:
+    if not digest or digest == run.candidate_digest:
+        return None
+    return next((r for r in run.further_images if r.digest == digest), None)
+
+
+def _own_repositories(run: Run, further: Any) -> set[str | None]:
+    if further is not None:
+        return {_name(further.image.repository)}
+    names = {_name(run.release.repository)}
+    if run.image is not None:
+        names.add(_name(run.image.repository))
+    return names
 
 
 # The promotion targets depend on the stored manifest's text alone: they are parsed once per text (keyed by the
@@ -119,7 +135,7 @@ def check_push(session: Session, ref: ImageRef, digest: str, *, tag_digest: str 
     if not every:
         return out
     out.newest_decision = decisions[-1][0].id
-    scope = [s for s in every if ref.name in qualified_repositories(s.run, digest)]
+    scope = [s for s in every if qualifies(s.run, digest, ref.name)]
     if not scope:
         allowed = set().union(*(qualified_repositories(s.run, digest) for s in every))
         out.problems.append(f"repository {ref.name} is not where {digest} was qualified "
