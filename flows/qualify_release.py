@@ -181,6 +181,8 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         with ctx.timed_stage("build"):
             build = _unwrap(obtain_candidate_task(ctx, wait))
         logger.info("candidate %s (%s)", build.digest, build.builder)
+        for name, side in ctx.further.items():  # the release's further images (manifest `images:`)
+            logger.info("image %s: %s (%s)", name, side.build.digest, side.build.builder)
         if ray_handle is None:
             ray_handle = _start_ray_stage(ctx)
         ctx.pull_images()  # stage `pull`: the images on every node that will run cases, once, before them

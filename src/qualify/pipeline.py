@@ -78,6 +78,7 @@ class RunContext:
     resumed: bool = False
     db_write_attempts: int = 6  # a result write is retried with backoff 1, 2, 4, 8, 16 s (spool.with_retries)
     _stop_heartbeat: threading.Event = field(default_factory=threading.Event)
+    _cluster_record: threading.Lock = field(default_factory=threading.Lock)  # the images' builds write it at once
 
     @property
     def manifest(self) -> ReleaseManifest:
@@ -118,10 +119,18 @@ class RunContext:
         with self.run_row() as (_session, run):
             return dict(run.stage_seconds or {})
 
+    def merge_cluster(self, **parts: Any) -> None:
+        """Set parts of the run's record of the cluster (runs.cluster), one writer at a time (the images' builds
+        finish at once). `image_builds` is merged by image name; any other part replaces its earlier value."""
+        with self._cluster_record, self.run_row() as (_session, run):
+            record = dict(run.cluster or {})
+            for key, value in parts.items():
+                record[key] = {**record.get(key, {}), **value} if key == "image_builds" else value
+            run.cluster = record
+
     def record_cluster(self, nodes: list[dict[str, float]]) -> None:
         """The alive Ray nodes' CPUs and GPUs at the start of the cases (the report's makespan bound)."""
-        with self.run_row() as (_session, run):
-            run.cluster = {**(run.cluster or {}), "nodes": nodes}
+        self.merge_cluster(nodes=nodes)
 
     def pull_images(self) -> list[dict[str, Any]]:
         """Before the cases: each node that will run cases pulls the images they run in (each image of the
@@ -147,8 +156,7 @@ class RunContext:
                 pulls += [p.to_dict() for p in exc.pulls]
                 raise
             finally:
-                with self.run_row() as (_session, run):
-                    run.cluster = {**(run.cluster or {}), "pulls": pulls}
+                self.merge_cluster(pulls=pulls)
         return pulls
 
     def launch_time_line(self) -> str:
@@ -272,12 +280,10 @@ def _build(ctx: RunContext, image: str | None = None) -> BuildResult:
 
     build, where = build_on_cluster(manifest, data_dir=ctx.data_dir, manifest_dir=ctx.manifest_dir)
     record = where.to_dict() if where else {"on": "driver (fallback)"}
-    with ctx.run_row() as (_session, run):
-        if image is None:
-            run.cluster = {**(run.cluster or {}), "build": record}
-        else:
-            run.cluster = {**(run.cluster or {}),
-                           "image_builds": {**(run.cluster or {}).get("image_builds", {}), image: record}}
+    if image is None:
+        ctx.merge_cluster(build=record)
+    else:
+        ctx.merge_cluster(image_builds={image: record})
     return build
 
 
