@@ -56,14 +56,16 @@ def validate(files: list[Path] = typer.Argument(..., help="manifest files")) -> 
 
 def cases(file: Path, as_json: bool = JsonOption) -> None:
     """List the test cases a manifest expands to (stable ids, same order every time)."""
-    expanded = expand(load(file).release)
+    release = load(file).release
+    expanded = expand(release)
     if as_json:
         # Secret-looking variables of a case's env are printed as "<redacted>" (CI logs keep this).
         docs = [{**c.to_dict(), "env": redact_env(c.to_dict().get("env") or {})} for c in expanded]
         print(json.dumps(docs, indent=2, sort_keys=True))
         return
     table = Table(title=f"{len(expanded)} cases of {file}")
-    for col in ("case id", "kind", "resources", "parameters"):
+    several = bool(release.images)  # a release of several images: the image each case runs in
+    for col in ("case id", "kind") + ("image",) * several + ("resources", "parameters"):
         table.add_column(col, overflow="fold")
     for case in expanded:
         res = case.resources
@@ -72,5 +74,5 @@ def cases(file: Path, as_json: bool = JsonOption) -> None:
             resources += f" {res.accelerator_type}"
         params = ", ".join(f"{k}={v}" for k, v in case.to_dict()["params"].items()
                            if k not in ("deepspeed_config", "engine_args"))
-        table.add_row(case.case_id, case.kind, resources, params)
+        table.add_row(case.case_id, case.kind, *(case.image or release.release.name,) * several, resources, params)
     out.print(table)
