@@ -151,11 +151,6 @@ def run_images(session: Session, run_id: int) -> Sequence[RunImage]:
                            .where(RunImage.run_id == run_id).order_by(RunImage.id)).all()
 
 
-def runs_of_further_image(session: Session, digest: str) -> list[int]:
-    """The runs that qualified `digest` as one of their further images (usually none: one indexed lookup)."""
-    return list(session.scalars(select(RunImage.run_id).where(RunImage.digest == digest)))
-
-
 def set_stage(session: Session, run: Run, stage: str, seconds: float | None = None) -> None:
     run.stage = stage
     run.heartbeat_at = utcnow()
@@ -335,13 +330,13 @@ def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | 
 def decisions_for_digest(session: Session, digest: str) -> Sequence[tuple[GateDecision, Run]]:
     """Every decision about a digest with its run (and the run's release loaded), oldest first by id."""
     # A digest is judged as a run's candidate (the decision's own digest) or as one of a run's further images
-    # (run_images): then that run's decisions are about it too. The second lookup is one index probe.
-    further = runs_of_further_image(session, digest)
-    about = or_(GateDecision.digest == digest, GateDecision.run_id.in_(further)) if further else (
-        GateDecision.digest == digest)
+    # (run_images): then that run's decisions are about it too. One statement, each arm on its own index.
+    about = (select(GateDecision.id).where(GateDecision.digest == digest)
+             .union(select(GateDecision.id).where(GateDecision.run_id.in_(
+                 select(RunImage.run_id).where(RunImage.digest == digest)))))
     stmt = (select(GateDecision, Run).join(Run, Run.id == GateDecision.run_id)
             .options(joinedload(Run.release), joinedload(Run.image))
-            .where(about).order_by(GateDecision.id))
+            .where(GateDecision.id.in_(about)).order_by(GateDecision.id))
     return [(d, r) for d, r in session.execute(stmt).unique().all()]
 
 
