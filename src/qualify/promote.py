@@ -134,13 +134,12 @@ def images_to_promote(session: Session, run: Run, release: ReleaseManifest,
         row = further.get(spec.name)
         images.append(ImageToPromote(spec.name, row.image if row else None, row.digest if row else None,
                                      release.for_image(spec.name).expanded_targets()))
+    every = [i.label(t) for i in images for t in i.targets]
     if target is not None:
         for item in images:
             item.targets = _chosen(item.targets, target)
     images = [i for i in images if i.targets]
     if not images:
-        every = [i.label(t) for i in images_to_promote(session, run, release, None) for t in i.targets] if (
-            target is not None and (release.promotion.targets or any(s.targets for s in release.images))) else []
         raise PromotionError(f"no promotion target {target!r} (targets: {', '.join(every)})" if every
                              else "the run's manifest has no promotion targets")
     return images
@@ -294,49 +293,54 @@ def _all_or_none(session_factory: Callable[[], Session], client: RegistryClient,
     first (nothing is copied while one would be refused or cannot be checked), then copied; when a copy fails,
     what this promotion already wrote is undone (a moved tag back to its previous digest, a new tag deleted when
     its digest was not in that repository before) and each outcome says so."""
-    planned: list[tuple[ImageToPromote, ExpandedTarget, ImageRef, TargetOutcome, bool]] = []
+    planned: list[tuple[ImageToPromote, ExpandedTarget, ImageRef, TargetOutcome]] = []
     for item, src in zip(images, sources):
         source = src.with_digest(str(item.digest))
         for t in item.targets:
             plan = _promote_one(client, t, source, item.source_ref, str(item.digest), dry_run=True, force=force)
             plan.target = item.label(t)
-            planned.append((item, t, source, plan, _digest_already_there(client, t, str(item.digest))))
+            planned.append((item, t, source, plan))
+    plans = [p[3] for p in planned]
     if dry_run:
-        return [p[3] for p in planned]
-    blocked = [p[3] for p in planned if p[3].planned in ("refuse", "unknown") or p[3].outcome == "failed"]
+        return plans
+    # Would be refused, or cannot be checked (a registry that does not answer, a target that is no reference).
+    blocked = [p for p in plans if p.planned in ("refuse", "unknown") or p.outcome == "failed"]
     if blocked:
-        first = blocked[0]
-        held = f"held back (all or none): {first.target}: {first.detail}"
-        return [TargetOutcome(p.target, p.target_ref, p.source_ref, p.source_digest,
-                              ("failed" if p.planned == "unknown" or p.outcome == "failed" else "refused")
-                              if p in blocked else "refused", p.detail if p in blocked else held,
-                              previous_digest=p.previous_digest) for p in (q[3] for q in planned)]
+        held = f"held back (all or none): {blocked[0].target}: {blocked[0].detail}"
+        return [_held(p, p.detail, failed=p.planned != "refuse") if p in blocked else _held(p, held, failed=False)
+                for p in plans]
     outcomes: list[TargetOutcome] = []
     written: list[tuple[TargetOutcome, ExpandedTarget, bool]] = []
-    for k, (item, t, source, plan, already) in enumerate(planned):
+    for k, (item, t, source, plan) in enumerate(planned):
         later = _overriding_decision(session_factory, run_id, trusted_id)
         if later is not None:
             why = (f"decision {later.id} (run {later.run_id}) about the run's images is {later.verdict}: "
                    "promotion stopped")
             outcome = TargetOutcome(plan.target, t.reference, item.source_ref, str(item.digest), "refused", why)
         else:
+            # A new tag is undone by deleting its manifest only when the digest was not in that repository before.
+            was_there = plan.previous_digest is not None or _digest_already_there(client, t, str(item.digest))
             outcome = _promote_one(client, t, source, item.source_ref, str(item.digest), dry_run=False,
                                    force=force)
             outcome.target = plan.target
+            if outcome.outcome == "promoted":
+                written.append((outcome, t, was_there))
         if outcome.ok:
             outcomes.append(outcome)
-            if outcome.outcome == "promoted":
-                written.append((outcome, t, already))
             continue
-        undone = [_undo(client, o, target, was_there) for o, target, was_there in written]
-        rest = [TargetOutcome(p.target, p.target_ref, p.source_ref, p.source_digest, "failed",
-                              f"not attempted: {outcome.target} did not promote (all or none)")
-                for (_i, _t, _s, p, _a) in planned[k + 1:]]
-        for o, note in zip([w[0] for w in written], undone):
-            o.outcome, o.detail = "failed", f"{o.detail}; undone (all or none: {outcome.target} did not " \
-                                            f"promote): {note}"
-        return outcomes + [outcome] + rest
+        why = f"{outcome.target} did not promote (all or none)"
+        for done, target, there in written:
+            undone = _undo(client, done, target, there)
+            done.outcome, done.detail = "failed", f"{done.detail}; undone ({why}): {undone}"
+        return outcomes + [outcome] + [_held(p, f"not attempted: {why}", failed=True) for p in plans[k + 1:]]
     return outcomes
+
+
+def _held(plan: TargetOutcome, detail: str, *, failed: bool) -> TargetOutcome:
+    """A target this promotion did not copy, as an outcome: failed (a registry could not be checked or another
+    copy failed) or refused."""
+    return TargetOutcome(plan.target, plan.target_ref, plan.source_ref, plan.source_digest,
+                         "failed" if failed else "refused", detail, previous_digest=plan.previous_digest)
 
 
 def _digest_already_there(client: RegistryClient, target: ExpandedTarget, digest: str) -> bool:

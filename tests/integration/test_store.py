@@ -155,3 +155,37 @@ def test_unreachable_database_is_a_clear_error(tmp_path: Path) -> None:
     assert res.returncode == 3
     assert "Traceback" not in res.stderr and "secret" not in res.stderr
     assert "127.0.0.1:1" in res.stderr
+
+
+def test_the_images_builds_record_where_they_ran_at_once_and_none_is_lost(sessions, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    """A release's images built on the cluster finish at once, each recording where it ran in runs.cluster
+    (pipeline.RunContext.merge_cluster): concurrent writers, one read-modify-write at a time."""
+    import threading
+
+    from support.flows import sleep_manifest
+
+    from qualify.pipeline import open_run
+    from qualify.store.models import Run
+
+    monkeypatch.setenv("QUALIFY_DATA_DIR", str(tmp_path / "data"))
+    manifest = sleep_manifest(tmp_path / "m.yaml", [{"name": "nap", "kind": "sleep"}])
+    ctx = open_run(sessions, manifest)
+    ctx.merge_cluster(build={"node_id": "a"}, nodes=[{"CPU": 2.0}])
+    names = [f"image-{k}" for k in range(8)]
+    start = threading.Barrier(len(names))
+
+    def record(name: str) -> None:
+        start.wait()
+        ctx.merge_cluster(image_builds={name: {"node_id": name}})
+
+    threads = [threading.Thread(target=record, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ctx.merge_cluster(build={"node_id": "b"})  # any other part replaces its earlier value
+    with sessions() as s:
+        cluster = s.get(Run, ctx.run_id).cluster
+    assert cluster["image_builds"] == {name: {"node_id": name} for name in names}
+    assert cluster["build"] == {"node_id": "b"} and cluster["nodes"] == [{"CPU": 2.0}]

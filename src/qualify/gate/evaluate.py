@@ -86,8 +86,9 @@ def evaluate(policy: GatePolicy, cases: Sequence[Case],
     baseline run. ``previous_named`` says whether the release names a previous tag (then a missing
     baseline is INCOMPLETE unless the policy makes it optional; see check_regression).
     ``calibrations``: the run-to-run variation per fingerprint and metric (qualify.gate.calibration.lookup)
-    that history mode needs to decide. ``image_components``: the components each further image of the release
-    must contain (manifest `images:`), by image name; the verdict covers every image. ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
+    that history mode needs to decide. ``image_components``: the components each further image of the
+    release must contain (manifest `images:`), by image name; the verdict covers every image.
+    ``waivers`` defaults to the policy's own. ``today`` decides which waivers have expired.
     """
     current = _index(results)
     base = None if baseline is None else _index(baseline)

@@ -121,7 +121,8 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
             case_id = custom_case_id(custom.kind, custom.name, k, custom.count)
             cases.append(Case.build(case_id, custom.kind, None, custom.name, dict(custom.params), {},
                                     custom.resources or Resources(), timeout,
-                                    launches=release.execution.launches_for(custom.kind), image=_image(release, custom.image)))
+                                    launches=release.execution.launches_for(custom.kind),
+                                    image=_image(release, custom.image)))
     compared = set(release.reference_case_ids())
     # gate.reference: each case it names again, the candidate beside the reference image (the same case document:
     # what differs is the other side, chosen by the id's prefix in execution.attempts and gate.regression_for).
