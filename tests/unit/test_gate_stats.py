@@ -198,3 +198,15 @@ def test_welch_degrees_of_freedom_are_scale_free_and_survive_tiny_variances() ->
     tiny = [(v * 1e-270, d) for v, d in parts]  # v**2 underflows to 0: the textbook form divides by zero
     assert ni.welch_df(tiny) == pytest.approx(expected, rel=1e-9)
     assert ni.welch_df([(0.0, 3.0)]) == 1e6
+
+
+def test_remembered_quantiles_are_scipys_for_every_p_and_df() -> None:
+    # gate/quantiles.py remembers its values: a key that dropped df or p would hand one interval another's width.
+    from scipy.stats import norm
+
+    from qualify.gate.quantiles import normal_quantile, t_quantile
+
+    for p, df in [(0.95, 4), (0.95, 5), (0.975, 4), (0.95, 4), (0.8, 12.5), (0.95, 1e6)]:
+        assert t_quantile(p, df) == float(student_t.ppf(p, df))
+    for p in (0.95, 0.8, 0.95, 0.99):
+        assert normal_quantile(p) == float(norm.ppf(p))

@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Sequence
 
+from qualify.gate.quantiles import t_quantile
+
 
 ALPHA = 0.05  # one-sided, at each end of an interval
 
@@ -88,9 +90,7 @@ class AgreementInterval:
 
 
 def _t(alpha: float, df: int) -> float:
-    from scipy.stats import t as student_t  # here, not at import: scipy.stats costs ~0.4 s a CLI call
-
-    return float(student_t.ppf(1 - alpha, df))
+    return t_quantile(1 - alpha, df)
 
 
 def _check_counts(agree: Sequence[float], positions: Sequence[float]) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from qualify.gate import noninferiority as ni
+from qualify.gate.quantiles import t_quantile
 from qualify.metrics import Direction
 
 
@@ -99,7 +100,7 @@ def detectable(variation: ni.RunVariation, spread: float, launches: int, *, max_
     parts = [(spread ** 2 / launches, launches - 1)] * 2 + [(2 * variation.sd_run ** 2, max(1.0, variation.df))]
     df = ni.welch_df(parts)
     se = math.sqrt(var)
-    iv = ni.Interval(0.0, -se * ni._t_quantile(1 - alpha, df), se * ni._t_quantile(1 - alpha, df), launches,
+    iv = ni.Interval(0.0, -se * t_quantile(1 - alpha, df), se * t_quantile(1 - alpha, df), launches,
                      "history-runs", "launches", alpha, sd_unit=spread, df=df)
     return ni.detectable_drop(iv, max_regression)
 

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from qualify.gate import noninferiority as ni
+from qualify.gate.quantiles import t_quantile
 from qualify.metrics import RECOMMENDED_ALPHA, RECOMMENDED_MAX_REGRESSION
 
 MIN_PAIRS = 3  # the fit has two parameters: at least one degree of freedom left for the block variance
@@ -114,12 +115,6 @@ class DuetInterval:
         return asdict(self)
 
 
-def _t_quantile(p: float, df: int) -> float:
-    from scipy.stats import t as student_t
-
-    return float(student_t.ppf(p, df))
-
-
 def duet_interval(blocks: Sequence[DuetBlock], *, alpha: float = RECOMMENDED_ALPHA) -> DuetInterval | None:
     """The interval of the candidate's effect from the launch pairs (see the module docstring); None when it
     cannot be had: fewer than MIN_PAIRS pairs, or no pair with the candidate on each side (the side bias
@@ -139,7 +134,7 @@ def duet_interval(blocks: Sequence[DuetBlock], *, alpha: float = RECOMMENDED_ALP
     ss = sum((m - mean0) ** 2 for m in side0) + sum((m - mean1) ** 2 for m in side1)
     var = ss / df
     se = math.sqrt(var / 4 * (1 / len(side0) + 1 / len(side1)))  # the same for delta and beta
-    q = _t_quantile(1 - alpha, df)
+    q = t_quantile(1 - alpha, df)
     rel = math.expm1
     better = -delta  # the throughput's log change, positive = the candidate better (the rule's scale)
     return DuetInterval(

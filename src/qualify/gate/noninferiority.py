@@ -57,6 +57,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
+from qualify.gate.quantiles import normal_quantile, t_quantile
 from qualify.numbers import signed_pct
 from qualify.metrics import Direction
 
@@ -176,12 +177,6 @@ def look_alpha(plan: Plan, n: int) -> float:
 # --------------------------------------------------------------------------- intervals
 
 
-def _t_quantile(p: float, df: float) -> float:
-    from scipy.stats import t as student_t
-
-    return float(student_t.ppf(p, df))
-
-
 def interval_from_log_ratios(log_ratios: Sequence[float], *, alpha: float, design: str = "paired-t",
                              unit: str = "pairs") -> Interval | None:
     """Student-t bounds on the mean of per-unit log ratios (positive = candidate better), each one-sided
@@ -192,7 +187,7 @@ def interval_from_log_ratios(log_ratios: Sequence[float], *, alpha: float, desig
         return None
     mean = statistics.fmean(xs)
     sd = statistics.stdev(xs)
-    half = _t_quantile(1 - alpha, n - 1) * sd / math.sqrt(n)
+    half = t_quantile(1 - alpha, n - 1) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n, design, unit, alpha, sd_unit=sd, df=n - 1)
 
 
@@ -238,7 +233,7 @@ def history_interval(candidate: Sequence[float], baseline: Sequence[float], dire
     if var == 0:
         return Interval(est, est, est, len(lc), "history-runs", "launches", alpha, sd_unit=0.0, df=None)
     df = welch_df(parts)
-    half = _t_quantile(1 - alpha, df) * math.sqrt(var)
+    half = t_quantile(1 - alpha, df) * math.sqrt(var)
     pooled = math.sqrt((statistics.variance(lc) + statistics.variance(lb)) / 2)
     return Interval(est, est - half, est + half, len(lc), "history-runs", "launches", alpha, sd_unit=pooled,
                     se_floor=math.sqrt(2) * variation.sd_run, df=df)
@@ -249,9 +244,9 @@ def history_interval(candidate: Sequence[float], baseline: Sequence[float], dire
 
 def detectable_drop(interval: Interval, max_regression: float) -> float:
     """The smallest true drop (relative, positive) this check FAILs with 90% power at its n and level."""
-    se = (interval.upper - interval.estimate) / max(_t_quantile(1 - interval.alpha, interval.df or 1e6), 1e-12)
-    reach = -margin(max_regression) + (_t_quantile(1 - interval.alpha, interval.df or 1e6)
-                                       + _t_quantile(POWER, interval.df or 1e6)) * se
+    se = (interval.upper - interval.estimate) / max(t_quantile(1 - interval.alpha, interval.df or 1e6), 1e-12)
+    reach = -margin(max_regression) + (t_quantile(1 - interval.alpha, interval.df or 1e6)
+                                       + t_quantile(POWER, interval.df or 1e6)) * se
     return -math.expm1(-reach)
 
 
@@ -259,12 +254,10 @@ def units_needed(interval: Interval, max_regression: float, alpha: float) -> int
     """About how many units would decide a candidate as far from the margin as this estimate with 90% power
     (normal approximation, one-sided alpha). None: no number of units suffices (the run-to-run floor alone
     is too wide, or the estimate sits on the margin)."""
-    from scipy.stats import norm
-
     # An estimate at or above 0 is judged as if it were 0 ("showing -m needs ..."), so the figure does not
     # promise fewer units for a candidate that merely looked lucky.
     distance = abs(min(interval.estimate, 0.0) - margin(max_regression))
-    z = float(norm.ppf(1 - alpha) + norm.ppf(POWER))
+    z = normal_quantile(1 - alpha) + normal_quantile(POWER)
     room = (distance / z) ** 2 - interval.se_floor ** 2
     if room <= 0 or not interval.sd_unit:
         return None if room <= 0 else interval.n
