@@ -204,9 +204,11 @@ def test_remembered_quantiles_are_scipys_for_every_p_and_df() -> None:
     # gate/quantiles.py remembers its values: a key that dropped df or p would hand one interval another's width.
     from scipy.stats import norm
 
-    from qualify.gate.quantiles import normal_quantile, t_quantile
+    from qualify.gate.quantiles import normal_cdf, normal_quantile, t_quantile
 
     for p, df in [(0.95, 4), (0.95, 5), (0.975, 4), (0.95, 4), (0.8, 12.5), (0.95, 1e6)]:
         assert t_quantile(p, df) == float(student_t.ppf(p, df))
     for p in (0.95, 0.8, 0.95, 0.99):
         assert normal_quantile(p) == float(norm.ppf(p))
+    for z in (-8.0, -1.6448536, 0.0, 0.3, 2.5):
+        assert normal_cdf(z) == pytest.approx(float(norm.cdf(z)), rel=1e-12, abs=1e-300)

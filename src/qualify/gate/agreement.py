@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Sequence
 
-from qualify.gate.quantiles import t_quantile
+from qualify.gate.quantiles import normal_cdf, t_quantile
 
 
 ALPHA = 0.05  # one-sided, at each end of an interval
@@ -208,10 +208,5 @@ def compare_paired(candidate: Sequence[Sequence[bool]], baseline: Sequence[Seque
     z = sum(d) / math.sqrt(ss) if ss > 0 else None
     return PairedComparison(change, change - t * se, change + t * se, agree_c / total, agree_b / total,
                             only_c, only_b, m, int(total), z,
-                            _normal_cdf(z) if z is not None else None, alpha)
+                            normal_cdf(z) if z is not None else None, alpha)
 
-
-def _normal_cdf(z: float) -> float:
-    from scipy.stats import norm
-
-    return float(norm.cdf(z))

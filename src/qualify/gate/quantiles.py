@@ -8,6 +8,7 @@ tests/unit make thousands).
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 
@@ -25,3 +26,8 @@ def normal_quantile(p: float) -> float:
     from scipy.stats import norm
 
     return float(norm.ppf(p))
+
+
+def normal_cdf(z: float) -> float:
+    """The standard normal distribution function P(Z <= z), from the error function (no scipy call)."""
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
