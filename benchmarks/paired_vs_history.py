@@ -197,7 +197,7 @@ def main() -> int:
                 case_s[mode] += [seconds.get(cid, 0.0) for cid in CASES.values()]
                 launches[mode] += [figures.get(cid, 0) for cid in CASES.values()]
                 walls[mode].append(wall)
-                changes = {r["case_id"]: r.get("figures", {}).get("estimate", r.get("figures", {}).get("ratio"))
+                changes = {r["case_id"]: _change(r.get("figures") or {})
                            for r in outcome["reasons"] if r["check"] == "regression" and r.get("case_id")}
                 print(f"rep {k:>2} burner {'on ' if burner else 'off'} {mode:<7} wall {wall:5.0f} s identical "
                       f"{calls['identical']} ({_fmt(changes.get(CASES['identical']))}) slowed {calls['slowed']} "
@@ -224,6 +224,14 @@ def main() -> int:
           + f"; median launches {'/'.join(med(launches[m]) for m in MODES)}"
           + f"; median wall s {'/'.join(med(walls[m]) for m in MODES)}")
     return 0
+
+
+def _change(figures: dict[str, Any]) -> Any:
+    """The measured change of a regression reason: `estimate` (duet), `change` (history and paired)."""
+    for key in ("estimate", "change", "ratio"):
+        if figures.get(key) is not None:
+            return figures[key]
+    return None
 
 
 def _fmt(value: Any) -> str:

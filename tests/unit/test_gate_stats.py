@@ -212,3 +212,13 @@ def test_remembered_quantiles_are_scipys_for_every_p_and_df() -> None:
         assert normal_quantile(p) == float(norm.ppf(p))
     for z in (-8.0, -1.6448536, 0.0, 0.3, 2.5):
         assert normal_cdf(z) == pytest.approx(float(norm.cdf(z)), rel=1e-12, abs=1e-300)
+
+
+def test_the_benchmark_reads_each_modes_change() -> None:
+    # benchmarks/paired_vs_history.py printed "n/a" for every history and paired case: their reasons carry
+    # `change`, a duet's `estimate`.
+    from benchmarks.paired_vs_history import _change
+
+    assert _change({"estimate": -0.093, "change": 0.5}) == -0.093
+    assert _change({"change": -0.09, "change_worst": -0.2}) == -0.09
+    assert _change({"ratio": 1.1}) == 1.1 and _change({}) is None
