@@ -10,6 +10,7 @@ INCOMPLETE, saying how many pairs deciding would need.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,23 @@ def test_history_needs_a_calibration_and_uses_it(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     html = (tmp_path / "rep" / f"run-{out['run_id']}.html").read_text()
     assert "What the regression check can see" in html and "realized false alarms" in html
+
+
+def test_cases_of_one_fingerprint_are_calibrated_together(tmp_path: Path) -> None:
+    # Two names for one measurement (benchmarks/paired_vs_history.py's `same` and `slowed` before the slowdown):
+    # the gate reads one calibration per fingerprint, the newest. Stored per case, the second case's 3 runs
+    # replaced the first's estimate (7.9% then 0.0% on this machine); pooled, the newest row is all 6 runs.
+    path = _manifest(tmp_path / "two.yaml", "1.0", None, ONE, baseline="optional")
+    data = yaml.safe_load(path.read_text())
+    data["custom_cases"].append({**copy.deepcopy(data["custom_cases"][0]), "name": "d"})  # no shared objects:
+    # yaml would write them as an anchor and an alias, which the loader refuses
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    cal = run_qualify(["calibrate", str(path), "--db", db, "--runs", "3", "--slowed-runs", "1", "--json"], tmp_path)
+    assert cal.returncode == 0, cal.stderr
+    [measured] = json.loads(cal.stdout)  # one fingerprint, one calibration
+    assert measured["runs"] == 6 and measured["case_id"] == "synthetic/c (+1 of its fingerprint)", measured
+    rows = db_rows(db, "SELECT case_id, runs, slowed_runs, fingerprint_key FROM calibrations ORDER BY id")
+    assert [(r["case_id"], r["runs"], r["slowed_runs"]) for r in rows] == [
+        ("synthetic/c", 3, 1), ("synthetic/c (+1 of its fingerprint)", 6, 2)], rows
+    assert rows[0]["fingerprint_key"] == rows[1]["fingerprint_key"]

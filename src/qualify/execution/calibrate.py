@@ -13,7 +13,7 @@ The runs are not qualification runs: nothing is gated or promoted, and no run ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -76,7 +76,12 @@ def calibrate(sessions: sessionmaker[Session], manifest: ReleaseManifest, execut
     chosen = list(cases) if cases is not None else calibrated_cases(manifest)
     if not chosen:
         raise BadInput("the manifest has no single-node case with a regression metric (gate.regression.metrics)")
-    out: list[Measured] = []
+    # Cases of one fingerprint (the same measurement under two names) are pooled: their A/A runs are runs of
+    # identical code, and the gate reads one calibration per fingerprint, the newest. Stored separately, the
+    # second case's estimate from its own 3 runs replaced the first's (seen: 7.9% then 0.0%, clipped at zero, so
+    # history mode judged every run as if runs never moved); pooled, it is one estimate from all of them.
+    pools: dict[tuple[str, str], _Pool] = {}
+    out: dict[tuple[str, str], Measured] = {}
     for case in chosen:
         a_docs = []
         for i in range(runs):
@@ -88,28 +93,52 @@ def calibrate(sessions: sessionmaker[Session], manifest: ReleaseManifest, execut
             s_docs.append(_one_run(executor, case, slowdown))
         fp = fingerprint.of_case(case, a_docs[0].get("environment") or {})
         for metric in reg.metrics_for(case.kind):
-            a_runs = [per_launch_series(d.get("samples") or {}, metric) or [] for d in a_docs]
-            s_runs = [per_launch_series(d.get("samples") or {}, metric) or [] for d in s_docs]
-            variation = calibration.run_variation(a_runs)
+            pool = pools.setdefault((calibration.key(fp), metric), _Pool(fp))
+            pool.add(case.case_id, [per_launch_series(d.get("samples") or {}, metric) or [] for d in a_docs],
+                     [per_launch_series(d.get("samples") or {}, metric) or [] for d in s_docs])
+            variation = calibration.run_variation(pool.a_runs)
             if variation is None or not metric_info.is_known(metric):
                 log(f"{case.case_id}: {metric}: no launch figures to calibrate with (needs >= 2 launches a run)")
                 continue
             direction = metric_info.direction(metric)
-            rates = calibration.realized_rates(a_runs, s_runs, direction, max_regression=reg.max_regression,
-                                               alpha=reg.alpha)
-            spread = calibration.launch_spread(a_runs)
-            launches = min(len(r) for r in a_runs)
+            rates = calibration.realized_rates(pool.a_runs, pool.s_runs, direction,
+                                               max_regression=reg.max_regression, alpha=reg.alpha)
+            spread = calibration.launch_spread(pool.a_runs)
+            launches = min(len(r) for r in pool.a_runs)
             detectable = calibration.detectable(variation, spread, launches, max_regression=reg.max_regression,
                                                 alpha=reg.alpha)
+            # Stored after each case (an interrupted calibration keeps what it measured); a later case of the
+            # same fingerprint stores the pooled estimate, which, being newer, is the one the gate reads.
             with sessions() as session:
                 repo.record_calibration(
-                    session, fingerprint_key=calibration.key(fp), fingerprint=fp, case_id=case.case_id,
-                    metric=metric, image=image, launches=launches, runs=runs, sd_run=variation.sd_run,
+                    session, fingerprint_key=calibration.key(fp), fingerprint=fp, case_id=pool.label,
+                    metric=metric, image=image, launches=launches, runs=len(pool.a_runs), sd_run=variation.sd_run,
                     df=variation.df, sd_launch=spread, false_alarm_rate=rates.false_alarm_rate,
-                    aa_comparisons=rates.aa_comparisons, slowdown=slowdown, slowed_runs=len(s_runs),
+                    aa_comparisons=rates.aa_comparisons, slowdown=slowdown, slowed_runs=len(pool.s_runs),
                     detection_rate=rates.detection_rate, detectable=detectable)
                 session.commit()
-            out.append(Measured(case.case_id, metric, calibration.key(fp), launches, runs, variation.sd_run, spread,
-                                rates.false_alarm_rate, rates.aa_comparisons, slowdown, rates.detection_rate,
-                                detectable))
-    return out
+            out[(calibration.key(fp), metric)] = Measured(
+                pool.label, metric, calibration.key(fp), launches, len(pool.a_runs), variation.sd_run, spread,
+                rates.false_alarm_rate, rates.aa_comparisons, slowdown, rates.detection_rate, detectable)
+    return list(out.values())
+
+
+@dataclass
+class _Pool:
+    """The runs of every case of one fingerprint and metric, so far."""
+
+    fingerprint: Any
+    case_ids: list[str] = field(default_factory=list)
+    a_runs: list[list[float]] = field(default_factory=list)
+    s_runs: list[list[float]] = field(default_factory=list)
+
+    def add(self, case_id: str, a_runs: list[list[float]], s_runs: list[list[float]]) -> None:
+        self.case_ids.append(case_id)
+        self.a_runs += a_runs
+        self.s_runs += s_runs
+
+    @property
+    def label(self) -> str:
+        """The first case's id, and how many others of its fingerprint were pooled with it."""
+        more = len(self.case_ids) - 1
+        return self.case_ids[0] + (f" (+{more} of its fingerprint)" if more else "")
