@@ -93,7 +93,7 @@ def calibrate(sessions: sessionmaker[Session], manifest: ReleaseManifest, execut
             s_docs.append(_one_run(executor, case, slowdown))
         fp = fingerprint.of_case(case, a_docs[0].get("environment") or {})
         for metric in reg.metrics_for(case.kind):
-            pool = pools.setdefault((calibration.key(fp), metric), _Pool(fp))
+            pool = pools.setdefault((calibration.key(fp), metric), _Pool())
             pool.add(case.case_id, [per_launch_series(d.get("samples") or {}, metric) or [] for d in a_docs],
                      [per_launch_series(d.get("samples") or {}, metric) or [] for d in s_docs])
             variation = calibration.run_variation(pool.a_runs)
@@ -127,7 +127,6 @@ def calibrate(sessions: sessionmaker[Session], manifest: ReleaseManifest, execut
 class _Pool:
     """The runs of every case of one fingerprint and metric, so far."""
 
-    fingerprint: Any
     case_ids: list[str] = field(default_factory=list)
     a_runs: list[list[float]] = field(default_factory=list)
     s_runs: list[list[float]] = field(default_factory=list)

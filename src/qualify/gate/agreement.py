@@ -89,10 +89,6 @@ class AgreementInterval:
                 "method": "wilson_effective_n_clustered"}
 
 
-def _t(alpha: float, df: int) -> float:
-    return t_quantile(1 - alpha, df)
-
-
 def _check_counts(agree: Sequence[float], positions: Sequence[float]) -> None:
     if len(agree) != len(positions):
         raise ValueError(f"{len(agree)} agreement counts for {len(positions)} sequences")
@@ -114,7 +110,7 @@ def interval_for_agreement(agree: Sequence[float], positions: Sequence[float],
     v_srs = p * (1 - p) / total
     deff = max(1.0, v_cluster / v_srs) if v_srs > 0 else 1.0
     n_eff = total / deff
-    t = _t(alpha, m - 1)
+    t = t_quantile(1 - alpha, m - 1)
     denom = 1 + t * t / n_eff
     centre = (p + t * t / (2 * n_eff)) / denom
     half = t / denom * math.sqrt(p * (1 - p) / n_eff + t * t / (4 * n_eff * n_eff))
@@ -203,10 +199,9 @@ def compare_paired(candidate: Sequence[Sequence[bool]], baseline: Sequence[Seque
     change_adj = (only_c - only_b) / n_adj
     v_independent = ((only_c + only_b + 1) / n_adj - change_adj ** 2) / n_adj
     se = math.sqrt(max(v_cluster, v_independent))
-    t = _t(alpha, m - 1)
+    t = t_quantile(1 - alpha, m - 1)
     ss = sum(di * di for di in d)
     z = sum(d) / math.sqrt(ss) if ss > 0 else None
     return PairedComparison(change, change - t * se, change + t * se, agree_c / total, agree_b / total,
                             only_c, only_b, m, int(total), z,
                             normal_cdf(z) if z is not None else None, alpha)
-
