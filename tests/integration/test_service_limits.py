@@ -3,6 +3,7 @@ too deep, and clients that trickle their requests (slowloris)."""
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import time
@@ -16,7 +17,7 @@ import pytest
 from support.net import Blackhole
 from support.service import wait_for
 
-from qualify.service.limits import REQUEST_READ_TIMEOUT_S
+from qualify.service.limits import MAX_HEAD_BYTES, REQUEST_READ_TIMEOUT_S
 from qualify.service.registry_calls import QUEUE, THREADS, TIMEOUT_S
 from qualify.store.engine import upgrade
 
@@ -139,4 +140,41 @@ def test_slowloris_connections_are_closed(db: str, service_factory) -> None:
     for sock in socks:
         sock.close()
     assert not open_, f"{len(open_)} of {len(socks)} trickling connections still open after {took:.0f} s"
+    assert httpx.get(f"{service.url}/healthz", trust_env=False).status_code == 200
+
+
+def test_a_request_head_is_capped_and_a_large_body_is_not_mistaken_for_one(db: str, service_factory) -> None:
+    """A head (request line and headers) past MAX_HEAD_BYTES is answered 431 and closed, whether it comes in one
+    piece or trickles in small ones; a small head followed at once by a large body, and requests pipelined behind
+    a body on one connection, are answered as usual."""
+    service = service_factory(db, TOKEN)
+    port = service.port
+    pad = b"X-Pad: " + b"a" * (MAX_HEAD_BYTES + 1024) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # in one piece
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\n" + pad + b"\r\n")
+        assert b" 431 " in _status_line(sock)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # in pieces, never ending
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\nX-Pad: ")
+        try:
+            for _ in range(64):
+                sock.sendall(b"a" * 1024)
+                time.sleep(0.005)
+        except OSError:  # closed once past the cap
+            pass
+        assert b" 431 " in _status_line(sock)
+    # A 600 kB body right behind a small head, then a second request on the same connection (pipelined): the
+    # body is the webhook's to refuse (413 past its 1 MiB cap, not here), never counted as head.
+    body = b'{"events": [' + b",".join([b'{"action": "pull"}'] * 30_000) + b"]}"
+    post = (f"POST /v1/registry/events HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(post + b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+        answers = b""
+        while answers.count(b"HTTP/1.1 ") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, answers
+            answers += chunk
+    # A response follows the previous one's body directly: find the status lines, not lines that start with one.
+    first, second = re.findall(rb"HTTP/1\.1 (\d{3})", answers)[:2]
+    assert first != b"431" and second == b"200", answers[:400]
     assert httpx.get(f"{service.url}/healthz", trust_env=False).status_code == 200

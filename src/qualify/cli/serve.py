@@ -48,7 +48,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="listen address (
     import uvicorn
 
     from qualify.service import create_app
-    from qualify.service.limits import GuardedH11Protocol
+    from qualify.service.limits import GuardedHttpToolsProtocol
 
     settings = Settings.load(database_url=db, protect=protect or None, enforce=enforce,
                              insecure_registries=insecure_registry or None, webhook_registry=registry)
@@ -74,6 +74,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="listen address (
         f"reads {'need the token' if not loopback else 'open on loopback'})")
     if not settings.service_token:
         warn("no QUALIFY_SERVICE_TOKEN: the service accepts no writes (the registry webhook answers 401)")
-    # GuardedH11Protocol: each request's headers and body within a deadline (slowloris); 16 kB of headers.
+    # GuardedHttpToolsProtocol: each request's headers and body within a deadline (slowloris), 16 kB of head.
+    # httptools and uvloop (C) rather than h11 and asyncio's loop (Python): the per-request cost is what bounds
+    # the answers a second on a few cores (benchmarks/serve_load.py).
     uvicorn.run(app, host=host, port=port, access_log=access_log, log_level="info", server_header=False,
-                http=GuardedH11Protocol, h11_max_incomplete_event_size=16 * 1024, timeout_keep_alive=5)
+                http=GuardedHttpToolsProtocol, loop="uvloop", timeout_keep_alive=5)
