@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -189,3 +190,48 @@ def test_the_images_builds_record_where_they_ran_at_once_and_none_is_lost(sessio
         cluster = s.get(Run, ctx.run_id).cluster
     assert cluster["image_builds"] == {name: {"node_id": name} for name in names}
     assert cluster["build"] == {"node_id": "b"} and cluster["nodes"] == [{"CPU": 2.0}]
+
+
+def test_a_digests_decisions_read_as_plain_rows_match_the_orm(sessions) -> None:
+    """qualify.store.digest_decisions (the gate check's read, Core into plain rows) returns what the ORM holds:
+    every decision about the digest, as a run's candidate and as a run's further image, oldest first, with the
+    run's release, image and (for the further image) the images the check reads; typed values (a datetime, a
+    JSON list), not the database's strings. Another digest's decisions are not among them."""
+    from qualify.store.digest_decisions import decisions_for_digest
+
+    with sessions() as session:
+        first = _run(session, "25.05", DIGEST_A)
+        repo.finish_run(session, first, "passed")  # a digest is bound to one running run at a time
+        serving = repo.get_or_create_image(session, "reg.example.com/q/serving", "25.06-rc1", DIGEST_A,
+                                           builder="buildah")
+        second = _run(session, "25.06", DIGEST_B)
+        repo.attach_image(session, second, "serving", serving)  # DIGEST_A again, as second's further image
+        other = _run(session, "25.07", "sha256:" + "c" * 64)
+        reasons = [{"check": "regression", "status": "FAIL"}]
+        d1 = repo.record_decision(session, first, "FAIL", reasons, "1" * 64, None)
+        d2 = repo.record_decision(session, second, "PASS", [], "2" * 64, first.id)
+        repo.record_decision(session, other, "PASS", [], "3" * 64, None)
+        d3 = repo.record_decision(session, first, "PASS", [], "1" * 64, None)
+        session.commit()
+        ids = [d1.id, d2.id, d3.id]
+    with sessions() as session:
+        rows = decisions_for_digest(session, DIGEST_A)
+        assert [d.id for d, _ in rows] == ids
+        for decision, run in rows:
+            orm = session.get(type(d1), decision.id)
+            assert (decision.run_id, decision.digest, decision.verdict, decision.reasons, decision.policy_sha256,
+                    decision.baseline_run_id) == (orm.run_id, orm.digest, orm.verdict, orm.reasons,
+                                                  orm.policy_sha256, orm.baseline_run_id)
+            assert isinstance(decision.decided_at, dt.datetime)
+            orm_run = repo.get_run(session, run.id)
+            assert (run.release_id, run.candidate_digest, run.manifest_text, run.release.name, run.release.tag,
+                    run.release.repository, run.image.repository) == (
+                orm_run.release_id, orm_run.candidate_digest, orm_run.manifest_text, orm_run.release.name,
+                orm_run.release.tag, orm_run.release.repository, orm_run.image.repository)
+        by_run = {run.id: run for _, run in rows}
+        assert by_run[first.id].further_images == ()  # judged as its candidate: its further images are not read
+        [further] = by_run[second.id].further_images
+        assert (further.name, further.digest, further.image.repository) == (
+            "serving", DIGEST_A, "reg.example.com/q/serving")
+        assert rows[0][0].reasons == reasons
+        assert decisions_for_digest(session, "sha256:" + "d" * 64) == []

@@ -14,13 +14,18 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.outcomes import CheckStatus, Verdict
 from qualify.gate.standing import by_release
 from qualify.store import repo
+from qualify.store.digest_decisions import RunRow, decisions_for_digest
 from qualify.store.models import Run
+
+# A run as the rules below read it: the ORM row (attestations) or the plain row of the digest's decisions (checks).
+RunLike = Run | RunRow
 from qualify.timestamps import iso
 
 
@@ -54,7 +59,7 @@ class PushCheck:
                 "problems": self.problems}
 
 
-def qualified_repositories(run: Run, digest: str | None = None) -> set[str]:
+def qualified_repositories(run: RunLike, digest: str | None = None) -> set[str]:
     """Where the run's digest may be pushed: the release repository, the candidate's, and every target's. For one
     of the run's further images (`digest` is one of theirs): that image's repository and its own targets only
     (a serving image's digest is not qualified as the training image)."""
@@ -64,7 +69,7 @@ def qualified_repositories(run: Run, digest: str | None = None) -> set[str]:
     return {n for n in names if n}
 
 
-def qualifies(run: Run, digest: str, name: str) -> bool:
+def qualifies(run: RunLike, digest: str, name: str) -> bool:
     """Whether `name` is one of qualified_repositories(run, digest), reading the stored manifest's targets only
     when it is not the image's own repository (the common case for CI's check after a build: no manifest parse)."""
     further = _further(run, digest)
@@ -72,13 +77,13 @@ def qualifies(run: Run, digest: str, name: str) -> bool:
         run, further.name if further is not None else None)
 
 
-def _further(run: Run, digest: str | None) -> Any:
+def _further(run: RunLike, digest: str | None) -> Any:
     if not digest or digest == run.candidate_digest:
         return None
     return next((r for r in run.further_images if r.digest == digest), None)
 
 
-def _own_repositories(run: Run, further: Any) -> set[str | None]:
+def _own_repositories(run: RunLike, further: Any) -> set[str | None]:
     if further is not None:
         return {_name(further.image.repository)}
     names = {_name(run.release.repository)}
@@ -94,7 +99,7 @@ _TARGETS: dict[str, frozenset[str | None]] = {}
 _TARGETS_MAX = 20_000
 
 
-def _target_names(run: Run, image: str | None = None) -> frozenset[str | None]:
+def _target_names(run: RunLike, image: str | None = None) -> frozenset[str | None]:
     key = hashlib.sha256((run.manifest_text or "").encode()).hexdigest() + (f"/{image}" if image else "")
     found = _TARGETS.get(key)
     if found is not None:
@@ -119,7 +124,7 @@ def _name(reference: str) -> str | None:
         return None
 
 
-def check_push(session: Session, ref: ImageRef, digest: str, *, tag_digest: str | None = None,
+def check_push(session: Session | Connection, ref: ImageRef, digest: str, *, tag_digest: str | None = None,
                release_name: str | None = None, policy_sha256: str | None = None) -> PushCheck:
     """Judge a reference whose digest is known (`tag_digest`: what its tag resolves to, when it has one).
 
@@ -130,7 +135,7 @@ def check_push(session: Session, ref: ImageRef, digest: str, *, tag_digest: str 
     out = PushCheck(reference=str(ref), digest=digest, verdict=None)
     if ref.tag and tag_digest is not None and tag_digest != digest:
         out.problems.append(f"tag {ref.tag} resolves to {tag_digest}, not {digest}")
-    decisions = repo.decisions_for_digest(session, digest)
+    decisions = decisions_for_digest(session, digest)
     every = by_release(decisions)
     if not every:
         return out

@@ -17,14 +17,14 @@ from typing import Sequence
 from sqlalchemy.orm import Session
 
 from qualify.outcomes import Verdict
-from qualify.store import repo
-from qualify.store.models import GateDecision, Run
+from qualify.store.digest_decisions import DecisionRow, RunRow, decisions_for_digest
+from qualify.store.models import Run
 
 
 @dataclass(frozen=True)
 class Standing:
-    run: Run
-    decision: GateDecision  # the run's own latest decision
+    run: RunRow
+    decision: DecisionRow  # the run's own latest decision
 
     @property
     def release_id(self) -> int:
@@ -45,14 +45,14 @@ class Standing:
 
 def standings(session: Session, digest: str) -> list[Standing]:
     """One standing per release that judged the digest, ordered by release id."""
-    return by_release(repo.decisions_for_digest(session, digest))
+    return by_release(decisions_for_digest(session, digest))
 
 
-def by_release(decisions: Sequence[tuple[GateDecision, Run]]) -> list[Standing]:
+def by_release(decisions: Sequence[tuple[DecisionRow, RunRow]]) -> list[Standing]:
     """The standings among (decision, run) pairs of one digest: per release, the newest judged run's latest
     decision. Pure: ids decide, never a clock."""
-    newest_run: dict[int, Run] = {}
-    latest: dict[int, GateDecision] = {}
+    newest_run: dict[int, RunRow] = {}
+    latest: dict[int, DecisionRow] = {}
     for decision, run in decisions:
         current = newest_run.get(run.release_id)
         if current is None or run.id > current.id:

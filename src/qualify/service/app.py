@@ -219,8 +219,8 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
 
     def full_check(key: tuple[Any, ...], image: ImageRef, digest: str, tag_digest: str | None,
                    release: str | None, policy: str | None) -> tuple[int, bytes]:
-        with sessions() as session:  # one query: the digest's decisions with their runs, releases and images
-            result = check_push(session, image, digest, tag_digest=tag_digest, release_name=release,
+        with engine.connect() as conn:  # one Core statement: the digest's decisions with what is read of their runs
+            result = check_push(conn, image, digest, tag_digest=tag_digest, release_name=release,
                                 policy_sha256=policy)
         body = gate_answer(result, digest)
         note = judged_note(image, digest)  # the tag form judged what the tag points to now

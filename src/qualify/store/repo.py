@@ -327,19 +327,6 @@ def latest_decision_for_digest(session: Session, digest: str) -> GateDecision | 
                           .order_by(GateDecision.id.desc()).limit(1))
 
 
-def decisions_for_digest(session: Session, digest: str) -> Sequence[tuple[GateDecision, Run]]:
-    """Every decision about a digest with its run (and the run's release loaded), oldest first by id."""
-    # A digest is judged as a run's candidate (the decision's own digest) or as one of a run's further images
-    # (run_images): then that run's decisions are about it too. One statement, each arm on its own index.
-    about = (select(GateDecision.id).where(GateDecision.digest == digest)
-             .union(select(GateDecision.id).where(GateDecision.run_id.in_(
-                 select(RunImage.run_id).where(RunImage.digest == digest)))))
-    stmt = (select(GateDecision, Run).join(Run, Run.id == GateDecision.run_id)
-            .options(joinedload(Run.release), joinedload(Run.image))
-            .where(GateDecision.id.in_(about)).order_by(GateDecision.id))
-    return [(d, r) for d, r in session.execute(stmt).unique().all()]
-
-
 def latest_pass_for_digest(session: Session, digest: str) -> GateDecision | None:
     """The latest passing decision for digest D (single indexed query)."""
     return session.scalar(select(GateDecision).where(GateDecision.digest == digest, GateDecision.verdict == Verdict.PASS)
