@@ -6,6 +6,7 @@ import logging
 import os
 
 from qualify.errors import InfraError
+from qualify.execution import early_ray
 from qualify.launcher import ProgressCallback, RunRequest
 from qualify.lifetime import bind_children_to_this_process
 from qualify.outcomes import RunOutcome
@@ -63,6 +64,16 @@ def quiet_console() -> None:
 def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallback) -> RunOutcome:
     bind_children_to_this_process()  # Prefect's API server, Ray, the workloads: dead with this process
     prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
+    if request.local_ray and not settings.ray_address:
+        early_ray.start_in_background()  # beside Prefect's import and API start; the flow's Ray stage claims it
+        early_ray.exit_on_sigterm()
+    try:
+        return _launch(request, on_progress)
+    finally:
+        early_ray.stop()  # a Ray nobody claimed (the run ended before its Ray stage) goes with the launcher
+
+
+def _launch(request: RunRequest, on_progress: ProgressCallback) -> RunOutcome:
     from prefect.task_runners import ThreadPoolTaskRunner
 
     from qualify_prefect.flows.qualify_release import qualify_release

@@ -33,6 +33,9 @@ class RunRequest:
     promote: bool | None = None
     verbose: bool = False
     triggered_by: str | None = None
+    # The run will start a local Ray (no cluster named by flag, environment or manifest; not a resume, which
+    # may name its own): the launcher may start it while Prefect starts (qualify.execution.early_ray).
+    local_ray: bool = False
 
 
 class Launcher(Protocol):

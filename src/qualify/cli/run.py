@@ -41,7 +41,8 @@ def run(manifest: Path = typer.Argument(..., help="release manifest (YAML)"),
     # Validate first, before Prefect and Ray start: bad input costs nothing and writes nothing.
     release = load(manifest).release
     request = RunRequest(manifest=manifest, n_cases=len(expand(release)), ray_address=ray_address,
-                         resume_run=resume, wait=wait, promote=promote, verbose=verbose)
+                         resume_run=resume, wait=wait, promote=promote, verbose=verbose,
+                         local_ray=not (ray_address or release.execution.ray_address or resume is not None))
     launcher = find_launcher()
     # stdout carries only the outcome (JSON for --json): what Prefect, Ray or a library prints while the
     # run goes on (e.g. Ray's "(raylet) A worker died" notice) goes to stderr.

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import ray
 
 from qualify.errors import InfraError
-from qualify.execution import launches
+from qualify.execution import early_ray, launches
 from qualify.execution.node_facts import gpu_ids_of
 from qualify.execution.result import CaseRunResult, node_fits, node_share
 from qualify.executors import Executor
@@ -36,8 +36,12 @@ class RayHandle:
     address: str | None
     started_here: bool
 
+    early: bool = False  # started by early_ray's owner thread, which shuts it down
+
     def shutdown(self) -> None:
-        if self.started_here and ray.is_initialized():
+        if self.early:
+            early_ray.hand_back()  # in the background: the launcher waits for it at its end
+        elif self.started_here and ray.is_initialized():
             ray.shutdown()
 
 
@@ -45,6 +49,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
     """Join a cluster (address, or QUALIFY_RAY_ADDRESS) or start a local Ray sized to this machine."""
     settings = Settings.load()
     address = address or settings.ray_address or None
+    if address is None and num_cpus is None and early_ray.claim():  # started beside Prefect's start-up
+        return RayHandle(None, started_here=True, early=True)
     if ray.is_initialized():
         return RayHandle(address, started_here=False)
     # Ray's token authentication stays as the user (or the joined cluster) configured it: never forced off.
@@ -63,13 +69,21 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise InfraError(f"Ray at {address} is unreachable: {type(exc).__name__}: {first}") from None
         return RayHandle(address, started_here=True)
+    start_local_ray(num_cpus, settings)
+    return RayHandle(None, started_here=True)
+
+
+def start_local_ray(num_cpus: int | None = None, settings: Settings | None = None) -> None:
+    """A local Ray sized to this machine, listening on loopback only (start_ray, or early_ray's thread)."""
+    settings = settings or Settings.load()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    bind_children_to_this_process()  # Ray's processes die with this one, even on SIGKILL
     bind_local_cluster_to_loopback()
     temp = settings.ray_temp_dir or Path(tempfile.gettempdir()) / "qualify-ray"
     temp.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
              _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
              configure_logging=False)
-    return RayHandle(None, started_here=True)
 
 
 def _check_reachable(address: str, timeout_s: float = 15.0) -> None:
