@@ -65,12 +65,18 @@ def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallbac
     bind_children_to_this_process()  # Prefect's API server, Ray, the workloads: dead with this process
     prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
     if request.local_ray and not settings.ray_address:
-        early_ray.start_in_background()  # beside Prefect's import and API start; the flow's Ray stage claims it
+        early_ray.start_in_background(_start_local_ray)  # beside Prefect's start; the flow's Ray stage claims it
         early_ray.exit_on_sigterm()
     try:
         return _launch(request, on_progress)
     finally:
         early_ray.stop()  # a Ray nobody claimed (the run ended before its Ray stage) goes with the launcher
+
+
+def _start_local_ray() -> None:
+    from qualify.execution.ray import start_local_ray  # imported in early_ray's thread: Ray's import overlaps too
+
+    start_local_ray()
 
 
 def _launch(request: RunRequest, on_progress: ProgressCallback) -> RunOutcome:

@@ -27,7 +27,8 @@ if mode == "fails":
         from qualify.errors import InfraError
         raise InfraError("no Ray here")
     qray.start_local_ray = refuse
-early_ray.start_in_background()
+from qualify_prefect.driver.prefect_launcher import _start_local_ray
+early_ray.start_in_background(_start_local_ray)
 early_ray.exit_on_sigterm()
 print("SIGTERM", signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None))
 if mode == "fails":

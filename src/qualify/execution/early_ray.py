@@ -13,7 +13,8 @@ overlaps Prefect's end of the flow run; the launcher waits for it before it retu
 ray.init sets its SIGTERM handler (exit, so that the driver's cleanup runs) only on the main thread: the launcher
 sets the same one there (`exit_on_sigterm`).
 
-No Ray import here: the thread imports it, beside Prefect's import on the main thread.
+No Ray import here: the start function the launcher hands over imports it in the thread, beside Prefect's import
+on the main thread.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 import signal
 import sys
 import threading
+from typing import Callable
 
 SHUTDOWN_WAIT_S = 60.0  # the launcher's wait for the owner thread's ray.shutdown()
 
@@ -36,7 +38,8 @@ class _NotMainThread(logging.Filter):
 class _Owner:
     """The thread that started the local Ray: it waits to be released, then shuts Ray down itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: Callable[[], None]) -> None:
+        self.start = start
         self.ready = threading.Event()
         self.released = threading.Event()
         self.error: BaseException | None = None
@@ -46,9 +49,7 @@ class _Owner:
     def _run(self) -> None:
         try:
             logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
-            from qualify.execution.ray import start_local_ray
-
-            start_local_ray()
+            self.start()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever claims it, raised there
             self.error = exc
         finally:
@@ -65,13 +66,15 @@ _lock = threading.Lock()
 _owner: _Owner | None = None
 
 
-def start_in_background() -> None:
-    """Start the local Ray in its owner thread (once; a second call while one is pending does nothing)."""
+def start_in_background(start: Callable[[], None]) -> None:
+    """Start the local Ray with `start` (qualify.execution.ray.start_local_ray, imported by it: this module
+    imports no Ray, and the Ray module claims from it) in its owner thread; once (a second call while one is
+    pending does nothing)."""
     global _owner
     with _lock:
         if _owner is not None:
             return
-        _owner = _Owner()
+        _owner = _Owner(start)
         _owner.thread.start()
 
 
