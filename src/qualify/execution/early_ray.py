@@ -28,11 +28,23 @@ from typing import Callable
 SHUTDOWN_WAIT_S = 60.0  # the launcher's wait for the owner thread's ray.shutdown()
 
 
-class _NotMainThread(logging.Filter):
-    """Ray's warning that it set no SIGTERM handler off the main thread: the launcher sets it (exit_on_sigterm)."""
+# What ray.init says on its way up that this start makes wrong or out of place, by logger: that it set no SIGTERM
+# handler off the main thread (the launcher sets it: exit_on_sigterm), and that token authentication is on (Ray's
+# default, said while Prefect is still starting: a run that then fails on bad input or an unreachable registry
+# must say so in one line). The warning that authentication is *off* is left alone.
+_START_NOTICES = {
+    "ray._private.worker": "SIGTERM handler is not set",
+    "ray._private.authentication.authentication_token_setup": "Token authentication is enabled for this Ray",
+}
+
+
+class _StartNotice(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("SIGTERM handler is not set")
+        return not record.getMessage().startswith(self.prefix)
 
 
 class _Owner:
@@ -48,7 +60,8 @@ class _Owner:
 
     def _run(self) -> None:
         try:
-            logging.getLogger("ray._private.worker").addFilter(_NotMainThread())
+            for name, prefix in _START_NOTICES.items():
+                logging.getLogger(name).addFilter(_StartNotice(prefix))
             self.start()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever claims it, raised there
             self.error = exc
