@@ -37,6 +37,7 @@ from qualify.manifest import ExpandedTarget, ReleaseManifest
 from qualify.manifest.load import ManifestError
 from qualify.registry import ImageNotFound, RegistryClient, RegistryError, RegistryUnreachable
 from qualify.store import repo
+from qualify.store.digest_decisions import DecisionRow
 from qualify.store.models import GateDecision, Image, Run
 
 
@@ -369,7 +370,7 @@ def _undo(client: RegistryClient, outcome: TargetOutcome, target: ExpandedTarget
 
 
 def _overriding_decision(session_factory: Callable[[], Session], run_id: int,
-                         trusted_id: int) -> GateDecision | None:
+                         trusted_id: int) -> DecisionRow | None:
     """The release's standing for the run's digest when it is no longer the trusted PASS and not a PASS: the
     run re-judged, or a newer run of its release judged (read in its own transaction, so it sees what other
     processes committed since the promotion started)."""

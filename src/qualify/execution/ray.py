@@ -35,7 +35,6 @@ QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the `qualify` packa
 class RayHandle:
     address: str | None
     started_here: bool
-
     early: bool = False  # started by early_ray's owner thread, which shuts it down
 
     def shutdown(self) -> None:

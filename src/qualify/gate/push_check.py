@@ -23,10 +23,10 @@ from qualify.gate.standing import by_release
 from qualify.store import repo
 from qualify.store.digest_decisions import RunRow, decisions_for_digest
 from qualify.store.models import Run
+from qualify.timestamps import iso
 
 # A run as the rules below read it: the ORM row (attestations) or the plain row of the digest's decisions (checks).
 RunLike = Run | RunRow
-from qualify.timestamps import iso
 
 
 @dataclass

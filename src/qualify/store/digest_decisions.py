@@ -51,6 +51,7 @@ class RunRow:
     manifest_text: str
     release: ReleaseRow
     image: ImageRow | None
+    # Read only when the digest asked about is one of them (the run judged it as a further image); else empty.
     further_images: tuple[FurtherImageRow, ...]
 
 
