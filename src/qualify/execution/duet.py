@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from qualify import result_document as rd
-from qualify.execution import launches
+from qualify.execution import launches, setup_overlap
 from qualify.executors.container import DUET_DIR_PREFIX
 from qualify.manifest import Resources
 from qualify.workloads import duet as wduet
@@ -504,7 +504,7 @@ def measure(executor: Any, baseline: Any, case_doc: dict[str, Any], baseline_doc
 
     def side(chosen: Any, keep: bool) -> Launch:
         def one_launch(doc: dict[str, Any], gpus: Sequence[str]) -> tuple[dict[str, Any], float]:
-            outcome = chosen.run(doc, timeout_s=timeout_s, gpu_ids=list(gpus))
+            outcome = chosen.run(doc, timeout_s=setup_overlap.launch_timeout(doc, timeout_s), gpu_ids=list(gpus))
             if keep:
                 outcomes.append(outcome)
             return outcome.doc, outcome.exec_s
@@ -517,9 +517,12 @@ def measure(executor: Any, baseline: Any, case_doc: dict[str, Any], baseline_doc
             if claimed.busy:
                 plan += f" ({claimed.busy} more held by other duet cases on this node)"
             cand, base = side(executor, True), side(baseline, False)
+            kept: list[dict[str, Any]] = []
             merged = launches.run_paired(case_doc, baseline_doc, lambda d: cand(d, gpu_ids),
-                                         lambda d: base(d, gpu_ids), label)
-            return fell_back(merged, label, f"{plan}; measured paired"), outcomes
+                                         lambda d: base(d, gpu_ids), label, kept=kept)
+            # With set-up overlap a launch stopped at its gate ran too: only the kept launches' outcomes count.
+            kept_ids = {id(d) for d in kept}
+            return fell_back(merged, label, f"{plan}; measured paired"), [o for o in outcomes if id(o.doc) in kept_ids]
         merged = run_duet(case_doc, baseline_doc, plan, side(executor, True), side(baseline, False), label=label,
                           timeout_s=timeout_s, policy=policy)
     return merged, outcomes

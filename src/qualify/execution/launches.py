@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
+from qualify.execution import setup_overlap
 from qualify.gate import sequential
 from qualify.numbers import finite
 from qualify.result_document import LAUNCH_INDEX, PAIRED_BASELINE, PER_LAUNCH
@@ -145,9 +146,10 @@ def _stop_record(block: Mapping[str, Any] | None, planned: int, ran: int, step: 
 
 def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the case's launches one after the other (stopping at the first that does not pass); with a
-    `sequential` block (gate.sequential, history mode), more launches while the gate's decision is undecided,
-    up to the budget.
+    """Run the case's launches in order (stopping at the first that does not pass); with a `sequential` block
+    (gate.sequential, history mode), more launches while the gate's decision is undecided, up to the budget.
+    With `setup_overlap` > 1 in the case document, the planned launches start that many at a time and are
+    measured one at a time (execution/setup_overlap.py); the extra launches of the sequential rule run alone.
 
     launch(doc) -> (result document, seconds). Returns the merged document and the launch documents.
     """
@@ -156,13 +158,19 @@ def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]],
     docs: list[dict[str, Any]] = []
     durations: list[float] = []
     step: sequential.Step | None = None
+    overlap = Overlap(setup_overlap.batch_size(case_doc))
+    timeout_s = float(case_doc.get("timeout_s") or 0) or 3600.0
     index = 0
     while True:
-        doc, seconds = launch(launch_document(case_doc, index, count))
-        docs.append(doc)
-        durations.append(seconds)
-        index += 1
-        if doc.get("status") != "passed":
+        size = min(overlap.size, count - index) if index < count else 1
+        batch = setup_overlap.run_batch([(launch_document(case_doc, index + i, count), launch) for i in range(size)],
+                                        timeout_s)
+        overlap.saw(batch, size)
+        for doc, seconds in batch.results:
+            docs.append(doc)
+            durations.append(seconds)
+        index += len(batch.results)
+        if docs[-1].get("status") != "passed":
             step = None
             break
         if index < count:
@@ -174,7 +182,31 @@ def run_launches(case_doc: Mapping[str, Any], launch: Callable[[dict[str, Any]],
             break
     merged = merge_launches(docs, durations, planned=count)
     merged.setdefault("environment", {})["sequential"] = _stop_record(block, count, len(docs), step)
+    overlap.record(merged)
     return merged, docs
+
+
+class Overlap:
+    """A case's set-up overlap as it went: the batch size asked, whether any batch ran, and a fallback's reason."""
+
+    def __init__(self, size: int) -> None:
+        self.asked = size
+        self.size = size
+        self.batches = 0
+        self.fallback: str | None = None
+
+    def saw(self, batch: setup_overlap.BatchOutcome, size: int) -> None:
+        if size > 1:
+            self.batches += 1
+        if batch.fallback and self.fallback is None:
+            self.fallback, self.size = batch.fallback, 1
+
+    def record(self, merged: dict[str, Any]) -> None:
+        """environment.setup_overlap: only for a case that asked for it (the others' documents stay as they were)."""
+        if self.asked > 1:
+            merged.setdefault("environment", {})[setup_overlap.CASE_KEY] = {
+                "batch": self.asked, "batches": self.batches, "used": self.batches > 0 and self.fallback is None,
+                "fallback": self.fallback}
 
 
 # --------------------------------------------------------------------------- paired (gate.regression.baseline: paired)
@@ -190,7 +222,7 @@ def pair_order(pair: int) -> tuple[str, str]:
 def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
                launch_candidate: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
                launch_baseline: Callable[[dict[str, Any]], tuple[dict[str, Any], float]],
-               baseline_label: str) -> dict[str, Any]:
+               baseline_label: str, kept: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Candidate (A) and baseline (B) launches in counterbalanced pairs on this node (pair_order); the
     candidate's merged document with the baseline side attached (samples `paired_baseline.per_launch.<metric>`,
     environment `paired`). Each launch document carries its slot in the whole sequence (`launch.slot`).
@@ -200,6 +232,9 @@ def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
     A candidate launch that does not pass ends the case as usual. A baseline launch that does not pass ends
     the baseline side only: the case's result stands, and the pairing says why it has no baseline (the gate
     then calls the regression check INCOMPLETE for the case, never a pass).
+
+    `kept`: receives the candidate's launch documents that were kept, in order (with set-up overlap, a launch
+    stopped at its gate runs but is dropped).
     """
     count = launch_count(case_doc)
     block = case_doc.get(sequential.KEY)
@@ -210,28 +245,40 @@ def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
     order: list[str] = []
     problem: str | None = None
     step: sequential.Step | None = None
+    # With setup_overlap >= 2 the two launches of a pair start together and are measured in the pair's order.
+    overlap = Overlap(setup_overlap.batch_size(case_doc))
+    timeout_s = float(case_doc.get("timeout_s") or 0) or 3600.0
     pair = 0
     while True:
-        for side in pair_order(pair):
+        sides = [side for side in pair_order(pair) if side == "A" or problem is None]
+        items = []
+        for i, side in enumerate(sides):
+            doc = launch_document(case_doc if side == "A" else baseline_doc, pair, count)
+            doc["launch"]["slot"] = len(order) + i
+            items.append((doc, launch_candidate if side == "A" else launch_baseline))
+        size = min(overlap.size, len(items))
+        results: list[tuple[dict[str, Any], float]] = []
+        for start in range(0, len(items), size):
+            batch = setup_overlap.run_batch(
+                items[start:start + size], timeout_s,
+                stops=lambda k, d, first=start: sides[first + k] == "A" and d.get("status") != "passed")
+            overlap.saw(batch, size)
+            results += batch.results
+            if len(batch.results) < size or (batch.results and sides[start + len(batch.results) - 1] == "A"
+                                             and batch.results[-1][0].get("status") != "passed"):
+                break
+        for side, (rdoc, seconds) in zip(sides, results):
             if side == "A":
-                doc = launch_document(case_doc, pair, count)
-                doc["launch"]["slot"] = len(order)
-                cdoc, seconds = launch_candidate(doc)
-                cand_docs.append(cdoc)
+                cand_docs.append(rdoc)
                 cand_s.append(seconds)
                 order.append(f"A{pair}")
-                if cdoc.get("status") != "passed":
-                    break
-            elif problem is None:
-                doc = launch_document(baseline_doc, pair, count)
-                doc["launch"]["slot"] = len(order)
-                bdoc, bseconds = launch_baseline(doc)
-                base_docs.append(bdoc)
-                base_s.append(bseconds)
+            else:
+                base_docs.append(rdoc)
+                base_s.append(seconds)
                 order.append(f"B{pair}")
-                if bdoc.get("status") != "passed":
+                if rdoc.get("status") != "passed" and problem is None:
                     problem = (f"the baseline ({baseline_label}) did not pass its launch {pair + 1}: "
-                               f"{bdoc.get('error_class')}: {str(bdoc.get('error') or '')[:300]}")
+                               f"{rdoc.get('error_class')}: {str(rdoc.get('error') or '')[:300]}")
         pair += 1
         if cand_docs[-1].get("status") != "passed":
             step = None
@@ -246,6 +293,9 @@ def run_paired(case_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any],
             break
     merged = merge_launches(cand_docs, cand_s, planned=count)
     merged.setdefault("environment", {})["sequential"] = _stop_record(block, count, len(cand_docs), step)
+    overlap.record(merged)
+    if kept is not None:
+        kept.extend(cand_docs)
     return attach_pairing(merged, base_docs, base_s, order=order, label=baseline_label, problem=problem)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import ray
 
 from qualify.errors import InfraError
-from qualify.execution import early_ray, launches
+from qualify.execution import early_ray, launches, setup_overlap
 from qualify.execution.node_facts import gpu_ids_of
 from qualify.execution.result import CaseRunResult, node_fits, node_share
 from qualify.executors import Executor
@@ -157,15 +157,28 @@ def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
     yield started  # the driver learns that the task runs: its queue wait ends here
     context = ray.get_runtime_context()
     gpu_ids = gpu_ids_of(context)
-    outcomes: list[Any] = []
+    outcomes = KeptOutcomes()
 
     def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        outcome = executor.run(doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
-        outcomes.append(outcome)
+        return outcomes.add(executor.run(doc, timeout_s=setup_overlap.launch_timeout(doc, timeout_s), gpu_ids=gpu_ids))
+
+    merged, docs = launches.run_launches(case_doc, one_launch)
+    yield _task_result(merged, outcomes.of(docs), started - submitted_at, context, gpu_ids)
+
+
+class KeptOutcomes:
+    """The executor's outcomes of a case's launches, by their documents: with set-up overlap several launches run
+    at once (threads), and one stopped at its gate runs but is not kept (execution/setup_overlap.py)."""
+
+    def __init__(self) -> None:
+        self._by_doc: dict[int, Any] = {}
+
+    def add(self, outcome: Any) -> tuple[dict[str, Any], float]:
+        self._by_doc[id(outcome.doc)] = outcome
         return outcome.doc, outcome.exec_s
 
-    merged, _docs = launches.run_launches(case_doc, one_launch)
-    yield _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+    def of(self, docs: list[dict[str, Any]]) -> list[Any]:
+        return [self._by_doc[id(d)] for d in docs]
 
 
 @ray.remote
@@ -179,19 +192,18 @@ def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[s
     yield started  # the driver learns that the task runs: its queue wait ends here
     context = ray.get_runtime_context()
     gpu_ids = gpu_ids_of(context)
-    outcomes: list[Any] = []
+    outcomes = KeptOutcomes()
 
     def side(chosen: Executor, keep: bool):
         def one_launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
-            outcome = chosen.run(doc, timeout_s=timeout_s, gpu_ids=gpu_ids)
-            if keep:
-                outcomes.append(outcome)
-            return outcome.doc, outcome.exec_s
+            outcome = chosen.run(doc, timeout_s=setup_overlap.launch_timeout(doc, timeout_s), gpu_ids=gpu_ids)
+            return outcomes.add(outcome) if keep else (outcome.doc, outcome.exec_s)
         return one_launch
 
+    kept: list[dict[str, Any]] = []
     merged = launches.run_paired(case_doc, baseline_doc, side(executor, True), side(baseline, False),
-                                 baseline.describe())
-    yield _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+                                 baseline.describe(), kept=kept)
+    yield _task_result(merged, outcomes.of(kept), started - submitted_at, context, gpu_ids)
 
 
 @ray.remote

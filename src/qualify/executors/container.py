@@ -45,7 +45,7 @@ from qualify.settings import Settings
 from qualify.executors.base import (TAIL_CHARS, CommandResult, Ending, ExecutionOutcome, case_json,
                                     outcome_from_command, run_command)
 from qualify.executors.environment import engine_environment
-from qualify.workloads import protocol
+from qualify.workloads import measure_gate, protocol
 
 # The directory that holds the `qualify` package (src/): its workloads are mounted into the image.
 WORKLOAD_ROOT = str(Path(__file__).resolve().parents[2])
@@ -245,6 +245,9 @@ class ContainerExecutor:
         duet_dir = duet_barrier_dir(case_doc)
         if duet_dir:  # a duet side: the barrier's FIFOs at the same path inside (execution/duet.py makes the folder)
             argv += ["--volume", f"{duet_dir}:{duet_dir}"]
+        gate_dir = measure_gate_dir(case_doc)
+        if gate_dir:  # a launch of a batch: its measurement gate's FIFOs at the same path (execution/setup_overlap.py)
+            argv += ["--volume", f"{gate_dir}:{gate_dir}"]
         argv += self.device_args(gpu_ids)
         for key, value in self.fixed_env(gpu_ids):
             argv += ["--env", f"{key}={value}"]
@@ -366,19 +369,30 @@ class ContainerExecutor:
 
 
 DUET_DIR_PREFIX = "qualify-duet-"  # execution/duet.run_pair's tempfile prefix
+GATE_DIR_PREFIX = "qualify-gate-"  # execution/setup_overlap.run_batch's tempfile prefix
 
 
 def duet_barrier_dir(case_doc: dict[str, Any]) -> str | None:
     """The duet barrier folder a side's case document names (None when it is no duet side). Only a folder the duet
     runner makes is mounted: an absolute path whose last part carries its prefix, with no character that would
     change the meaning of --volume; anything else is refused (ValueError), never mounted."""
-    section = case_doc.get("duet")
+    return _runner_folder(case_doc, "duet", DUET_DIR_PREFIX, "a duet barrier folder")
+
+
+def measure_gate_dir(case_doc: dict[str, Any]) -> str | None:
+    """The measurement gate's folder a launch's case document names (None without a gate), checked as the duet
+    folder is: only a folder execution/setup_overlap.py makes is ever mounted."""
+    return _runner_folder(case_doc, measure_gate.SECTION, GATE_DIR_PREFIX, "a measurement gate folder")
+
+
+def _runner_folder(case_doc: dict[str, Any], section_name: str, prefix: str, what: str) -> str | None:
+    section = case_doc.get(section_name)
     if not isinstance(section, dict) or section.get("dir") is None:
         return None
     folder = section["dir"]
-    if not (isinstance(folder, str) and os.path.isabs(folder) and Path(folder).name.startswith(DUET_DIR_PREFIX)
+    if not (isinstance(folder, str) and os.path.isabs(folder) and Path(folder).name.startswith(prefix)
             and re.fullmatch(r"[A-Za-z0-9_./-]+", folder) and ".." not in Path(folder).parts):
-        raise ValueError(f"duet.dir {folder!r} is not a duet barrier folder ({DUET_DIR_PREFIX}* under a temp dir)")
+        raise ValueError(f"{section_name}.dir {folder!r} is not {what} ({prefix}* under a temp dir)")
     return os.path.normpath(folder)
 
 

@@ -21,6 +21,9 @@ from qualify.manifest.load import ManifestError, case_count_problem, merged_infe
 from qualify.workloads import protocol
 from qualify.workloads.merge import deep_merge
 
+# The case document's key for how many launches start at once (execution/setup_overlap.py).
+SETUP_OVERLAP = "setup_overlap"
+
 
 def _freeze(value: Any) -> Any:
     if isinstance(value, dict):
@@ -51,6 +54,9 @@ class Case:
     tags: tuple[str, ...] = field(default=())
     launches: int = 1  # independent process launches (qualify.launches); timeout_s bounds each
     image: str | None = None  # the release image it runs in (manifest `images:`); None: the release's own
+    # Launches started at once, each measured alone (execution/setup_overlap.py); 1: one after the other. How the
+    # launches are run, not what a case is: not in to_dict (the result's fingerprint says whether it was used).
+    setup_overlap: int = 1
 
     @classmethod
     def build(cls, case_id: str, kind: str, model: str | None, variant: str | None,
@@ -63,6 +69,8 @@ class Case:
         """The workload protocol's case document, with the number of launches for the Ray task."""
         doc = protocol.make_case(self.case_id, self.kind, thaw(self.params), thaw(self.env), self.timeout_s)
         doc["launches"] = self.launches
+        if self.setup_overlap > 1:
+            doc[SETUP_OVERLAP] = self.setup_overlap
         return doc
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +131,7 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
                                     custom.resources or Resources(), timeout,
                                     launches=release.execution.launches_for(custom.kind),
                                     image=_image(release, custom.image)))
+    cases = [replace(c, setup_overlap=setup_overlap(release, c)) for c in cases]
     compared = set(release.reference_case_ids())
     # gate.reference: each case it names again, the candidate beside the reference image (the same case document:
     # what differs is the other side, chosen by the id's prefix in execution.attempts and gate.regression_for).
@@ -131,6 +140,18 @@ def expand(release: ReleaseManifest, name: str = "<manifest>") -> list[Case]:
     duplicates = sorted(i for i, n in Counter(c.case_id for c in cases).items() if n > 1)
     assert not duplicates, f"case ids must be unique, these repeat: {duplicates}"  # validation prevents it
     return cases
+
+
+def setup_overlap(release: ReleaseManifest, case: Case) -> int:
+    """How many of a case's launches start at once (execution/setup_overlap.py): with execution.overlap_setup, a
+    single-node case with no GPU, as many as the whole CPUs it holds (a launch's set-up never takes a neighbour's
+    core), at most its launches. Never for a GPU case (every launch's set-up would hold the device's memory at
+    once) nor for the vLLM engine (each engine reserves host memory for its KV cache)."""
+    r = case.resources
+    if (not release.execution.overlap_setup or r.gpus or r.nodes > 1 or case.launches < 2
+            or (case.kind == "infer" and case.params.get("engine") == "vllm")):
+        return 1
+    return max(1, min(case.launches, int(r.cpus)))
 
 
 def _image(release: ReleaseManifest, name: str | None) -> str | None:

@@ -58,4 +58,9 @@ def of_case(case: "Case", environment: Mapping[str, Any]) -> dict[str, Any]:
                             case.resources.model_dump(mode="json", exclude_defaults=True), case.launches)
     if case.image:  # a case in another image of the release is compared with its like (the release's own: none)
         fp["image"] = case.image
+    overlap = environment.get("setup_overlap")
+    if isinstance(overlap, Mapping) and overlap.get("used"):
+        # Launches measured one at a time after a shared set-up are compared with their like only (like `launches`);
+        # a case that ran one launch after the other keeps the fingerprint it always had.
+        fp["setup_overlap"] = overlap.get("batch")
     return fp

@@ -18,7 +18,8 @@ import time
 # module's own imports (from exec to the protocol's entry), measured from the kernel's process start time.
 START = "start"
 MEASURE = "measure"  # the timed steps or the timed serving repeats: the only seconds the gate tests
-PHASES = (START, "imports", "model_build", "quantize", "agreement", "warmup", MEASURE, "probes", "report")
+# `parked`: waiting at the measurement gate (workloads/measure_gate.py) while other launches of the case measure.
+PHASES = (START, "imports", "model_build", "quantize", "agreement", "parked", "warmup", MEASURE, "probes", "report")
 
 
 def process_age_s() -> float | None:
@@ -49,6 +50,10 @@ class PhaseClock:
         if already_s is not None:
             self.seconds[START] = already_s
         self._current = "imports"
+
+    @property
+    def current(self) -> str | None:
+        return self._current
 
     def enter(self, name: str) -> None:
         if name not in PHASES:

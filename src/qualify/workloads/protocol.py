@@ -34,7 +34,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterable, NoReturn
 
-from qualify.workloads import phases
+from qualify.workloads import measure_gate, phases
 from qualify.workloads.procs import die_with_parent
 from qualify.workloads.settings import WorkloadSettings
 
@@ -79,6 +79,13 @@ LOG = logging.getLogger("qualify.workload")
 
 class BadCase(ValueError):
     """The case document asks for something this workload cannot do."""
+
+
+def measurement_gate() -> None:
+    """Wait at the measurement gate when the case has one (workloads/measure_gate.py): a workload calls this
+    between its set-up and its measurement (a second call does nothing). No word from the driver in time is a
+    timeout (run_workload's document)."""
+    measure_gate.wait()
 
 
 class WorkloadFailure(Exception):
@@ -259,6 +266,10 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
     try:
         case, _ = read_case(argv, description=f"qualify {kind} workload")
         case.setdefault("kind", kind)
+        try:
+            measure_gate.arm(case)
+        except ValueError as exc:
+            raise BadCase(str(exc)) from None
         global _LATER_LAUNCH
         _LATER_LAUNCH = later_launch(case)
         for name, value in (case.get("env") or {}).items():
@@ -275,6 +286,10 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
         LOG.error("%s: %s", exc.error_class, exc)
         doc = make_result(case, "failed", error_class=exc.error_class, error=str(exc),
                           log_tail=tail.text(), duration_s=time.monotonic() - start)
+    except measure_gate.GateTimeout as exc:
+        LOG.error("timeout: %s", exc)
+        doc = make_result(case, "error", error_class="timeout", error=str(exc),
+                          log_tail=tail.text(), duration_s=time.monotonic() - start)
     except BaseException as exc:  # noqa: BLE001 - every failure must end as a document
         if isinstance(exc, KeyboardInterrupt):
             error_class = "timeout"
@@ -285,6 +300,8 @@ def run_workload(kind: str, handler: Callable[[dict[str, Any], logging.Logger], 
                           error=f"{type(exc).__name__}: {exc}"[:2000],
                           log_tail=tail.text(), duration_s=time.monotonic() - start)
     doc["environment"].setdefault("phases", phases.CLOCK.finish())
+    if measure_gate.RECORD is not None:  # when it waited at the measurement gate (execution/setup_overlap.py)
+        doc["environment"].setdefault(measure_gate.SECTION, measure_gate.RECORD)
     try:
         emit(doc)
         if result_path:

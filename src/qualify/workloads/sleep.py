@@ -46,6 +46,7 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
     if params.get("hold_until_file"):
         while not os.path.exists(str(params["hold_until_file"])):
             time.sleep(0.05)
+    protocol.measurement_gate()  # between set-up and measurement (workloads/measure_gate.py)
     phases.enter(phases.MEASURE)  # the sleep is this workload's measurement (the overhead benchmark's unit)
     start = time.monotonic()
     time.sleep(duration)

@@ -18,6 +18,10 @@ params:
                                       work): samples step_time_s, metric steps_per_s. With a duet section in
                                       the case (gate.regression.baseline: duet) the process is pinned to its
                                       cpu set and both sides start each step together (workloads/duet.py).
+  setup_work: n                       n iterations of the steps' pure-Python work before the measurement gate (a
+                                      set-up of known cost, as a real workload's imports and model build:
+                                      execution/setup_overlap.py's tests); the gate comes before the samples
+                                      and the timed steps either way (workloads/measure_gate.py)
   fail: <error class>                 report a failed result of that class (e.g. low_agreement, nan_loss)
   signal: SEGV                        die by that signal (a crash the executor must classify)
   after_result: SEGV | <int>          print the (passed) document, then die by that signal or exit with that
@@ -89,6 +93,13 @@ def handler(case: dict[str, Any], log: Any) -> dict[str, Any]:
     slowdown = params.get("slowdown", 0.0)
     if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not -0.9 <= slowdown < 10:
         raise protocol.BadCase(f"params.slowdown: a fraction in [-0.9, 10), got {slowdown!r}")
+    setup_work = params.get("setup_work", 0)
+    if isinstance(setup_work, bool) or not isinstance(setup_work, int) or setup_work < 0:
+        raise protocol.BadCase(f"params.setup_work: a non-negative integer, got {setup_work!r}")
+    if setup_work:
+        phases.enter("model_build")
+        _work(setup_work)
+    protocol.measurement_gate()  # between set-up and measurement (workloads/measure_gate.py)
     series = {name: [_slowed(name, float(x), slowdown) for x in values] for name, values in samples.items()}
     metrics = {name: statistics.median(values) for name, values in series.items()}
     environment = protocol.environment_base()

@@ -163,8 +163,10 @@ def _train(case, p: TrainParams, launcher: str, log: logging.Logger) -> dict[str
         engine, fixed, ckpt_counter = _build(s, log)
         # duet: rank 0 of each side meets the peer before each timed step (other ranks follow by collectives).
         barrier = duet.enter(case, trade_cores=s.world == 1) if s.rank == 0 else None
+        # The measurement gate (rank 0; the other ranks wait in the next step's collectives).
+        gate = protocol.measurement_gate if s.rank == 0 else (lambda: None)  # noqa: E731
         try:
-            return _measure(s, engine, fixed, ckpt_counter, log, barrier)
+            return _measure(s, engine, fixed, ckpt_counter, log, barrier, gate)
         finally:
             if barrier is not None:
                 barrier.close()
@@ -459,8 +461,11 @@ class _Evidence:
                                    "checkpoint function during the timed steps")
 
 
-def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrier: Any = None) -> dict[str, Any]:
-    """Warm up, then repeats x steps timed steps (a duet launch: each after the barrier); the result fields."""
+def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrier: Any = None,
+             gate: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Warm up, then repeats x steps timed steps (a duet launch: each after the barrier); the result fields.
+    `gate`: the measurement gate, passed after the first warm-up step (it carries the compile or the compile-cache
+    load, set-up that may overlap other launches' set-up) and before the rest of the warm-up and the timed steps."""
     from qualify.workloads.train import models as tm
     from qualify.workloads.train.measure import PeakMemory, engine_activation_memory, summarize
 
@@ -485,6 +490,9 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrie
             elapsed = step()
             if first_step is None:
                 first_step = elapsed
+                gate()
+        if first_step is None:
+            gate()
         n_warm = len(step.losses)
         # The set-up peak (model init, the eager activation pass, deepspeed.initialize, warm-up and
         # compile) is kept apart; the training peak is measured from here on.

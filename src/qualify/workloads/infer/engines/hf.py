@@ -33,7 +33,7 @@ from qualify.workloads.infer import models as infer_models
 from qualify.workloads.infer import probes as infer_probes
 from qualify.workloads.infer import quant as infer_quant
 from qualify.workloads.infer.params import DEFAULT_TRAIN_STEPS, InferParams
-from qualify.workloads.protocol import BadCase, WorkloadFailure, is_oom
+from qualify.workloads.protocol import BadCase, WorkloadFailure, is_oom, measurement_gate
 
 # engine_args understood by this engine. vLLM-only knobs are accepted and ignored where
 # harmless so that one matrix entry can describe both engines.
@@ -458,7 +458,9 @@ def run(p: InferParams, log: logging.Logger, barrier: duet.StepBarrier | None = 
     else:
         log.info("agreement not evaluated in this launch (the case's first launch evaluates it)")
 
-    # ---- serving figures (greedy, one request at a time)
+    # ---- serving figures (greedy, one request at a time), after the measurement gate: the load, the quantization
+    # and the agreement above are set-up that may overlap other launches' set-up (workloads/measure_gate.py).
+    measurement_gate()
     serving, serving_samples, outputs, nonfinite = _serve(model, prompts, p, device, barrier)
     metrics.update(serving)
     samples.update(serving_samples)
