@@ -4,14 +4,27 @@ Exit codes (qualify.errors.ExitCode): 0 success/PASS, 1 FAIL or refused, 2 bad i
 3 infrastructure. Errors become exit codes in one place: common.QualifyGroup.
 
 `main` (the console script) imports only the command it runs; `app` is the whole command line, built on first
-use (tests and `python -m qualify --help`).
+use (tests and `python -m qualify --help`). `qualify gate check REPO@DIGEST` is first offered to the lean path
+(qualify.cli.lean_check: no command-line framework, no SQLAlchemy), which answers the common case or hands it on.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from qualify.cli.commands import main
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args[:2] == ["gate", "check"]:
+        from qualify.cli.lean_check import answer
+
+        code = answer(args[2:])
+        if code is not None:
+            sys.exit(code)
+    from qualify.cli.commands import main as full
+
+    full()
 
 
 def __getattr__(name: str) -> Any:

@@ -36,13 +36,14 @@ JsonOption = typer.Option(False, "--json", help="print JSON")
 
 
 def say(text: str) -> None:
-    """One line on stdout, never wrapped and never marked up (CI logs grep these)."""
-    out.print(text, markup=False, highlight=False, soft_wrap=True)
+    """One line on stdout, never wrapped and never marked up (CI logs grep these): no emoji codes either (a
+    release name or a reason holding `:x:` is printed as written)."""
+    out.print(text, markup=False, highlight=False, soft_wrap=True, emoji=False)
 
 
 def warn(text: str) -> None:
     """One unwrapped line on stderr."""
-    err.print(text, markup=False, highlight=False, soft_wrap=True)
+    err.print(text, markup=False, highlight=False, soft_wrap=True, emoji=False)
 
 
 def exit_with(code: ExitCode) -> NoReturn:

@@ -19,6 +19,7 @@ from qualify.cli.common import DbOption, InsecureOption, JsonOption, examples, e
 from qualify.errors import BadInput, ExitCode
 from qualify.outcomes import Verdict
 from qualify.report.verdict_text import reason_lines
+from qualify.gate import check_answer
 from qualify.gate.judged import judged_note
 from qualify.gate.push_check import check_push
 from qualify.imageref import ImageRef, parse_reference
@@ -149,28 +150,10 @@ def gate_check(image_ref: str = typer.Argument(..., metavar="IMAGE_REF"), db: Op
     assert digest is not None
     with open_db(db, migrate=False)() as session:
         result = check_push(session, ref, digest, tag_digest=tag_digest, release_name=release, policy_sha256=policy)
-    code = ExitCode.OK if result.ok else ExitCode.FAIL
     note = judged_note(ref, digest)  # the tag form judged what the tag points to now
     if as_json:
-        print(json.dumps({**result.to_dict(), **({"judged": note} if note else {})}, indent=2, default=str))
-        exit_with(code)
-    if result.verdict is None:
-        say(f"NO DECISION: {image_ref} ({digest}) has never been judged by the gate")
-        if note:  # after the verdict line: CI greps the first line
-            say(f"note: {note}")
-        for problem in result.problems:
-            say(f"  refused: {problem}")
-        exit_with(code)
-    label = result.verdict if not result.problems else f"REFUSED ({result.verdict} but not for this reference)"
-    say(f"{label}: {image_ref} ({digest}) run {result.run} release {result.release} "
-        f"decision {result.decision} at {str(result.decided_at)[:19]}")
-    if note:  # after the verdict line: CI greps the first line
-        say(f"note: {note}")
-    for problem in result.problems:
-        say(f"  refused: {problem}")
-    if result.verdict != Verdict.PASS:
-        if result.overrides_pass_decision is not None:
-            say(f"  (an earlier PASS, decision {result.overrides_pass_decision}, is overridden: "
-                "the latest decision wins)")
-        _print_reasons(result.reasons)
-    exit_with(code)
+        print(check_answer.as_json(result, note))
+    else:
+        for line in check_answer.lines(result, image_ref, digest, note):
+            say(line)
+    exit_with(check_answer.exit_code(result))

@@ -12,21 +12,22 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
-
-from sqlalchemy import Connection
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, Sequence, TypeAlias
 
 from qualify.imageref import ImageRef, InvalidReference, parse_reference
 from qualify.outcomes import CheckStatus, Verdict
 from qualify.gate.standing import by_release
-from qualify.store import repo
-from qualify.store.digest_decisions import RunRow, decisions_for_digest
-from qualify.store.models import Run
+from qualify.store.decision_rows import DecisionRow, RunRow
 from qualify.timestamps import iso
 
+if TYPE_CHECKING:  # the rules are pure: SQLAlchemy only for the reader (the lean `gate check` has none)
+    from sqlalchemy import Connection
+    from sqlalchemy.orm import Session
+
+    from qualify.store.models import Run
+
 # A run as the rules below read it: the ORM row (attestations) or the plain row of the digest's decisions (checks).
-RunLike = Run | RunRow
+RunLike: TypeAlias = "Run | RunRow"
 
 
 @dataclass
@@ -105,6 +106,7 @@ def _target_names(run: RunLike, image: str | None = None) -> frozenset[str | Non
     if found is not None:
         return found
     from qualify.manifest.load import ManifestError  # the manifest model loads only when a run has to be read
+    from qualify.store import repo
 
     try:
         targets = repo.run_manifest(run).release.for_image(image).expanded_targets()
@@ -124,9 +126,20 @@ def _name(reference: str) -> str | None:
         return None
 
 
-def check_push(session: Session | Connection, ref: ImageRef, digest: str, *, tag_digest: str | None = None,
+def check_push(session: "Session | Connection", ref: ImageRef, digest: str, *, tag_digest: str | None = None,
                release_name: str | None = None, policy_sha256: str | None = None) -> PushCheck:
-    """Judge a reference whose digest is known (`tag_digest`: what its tag resolves to, when it has one).
+    """Judge a reference whose digest is known (`tag_digest`: what its tag resolves to, when it has one), from
+    the database (judge_push says how)."""
+    from qualify.store.digest_decisions import decisions_for_digest
+
+    return judge_push(decisions_for_digest(session, digest), ref, digest, tag_digest=tag_digest,
+                      release_name=release_name, policy_sha256=policy_sha256)
+
+
+def judge_push(decisions: Sequence[tuple[DecisionRow, RunRow]], ref: ImageRef, digest: str, *,
+               tag_digest: str | None = None, release_name: str | None = None,
+               policy_sha256: str | None = None) -> PushCheck:
+    """The answer from the digest's decisions, oldest first (pure).
 
     The digest's standing per release (qualify.gate.standing) decides, over the releases that qualify the
     reference's repository (else over all, with the repository named as a problem) and, with
@@ -135,7 +148,6 @@ def check_push(session: Session | Connection, ref: ImageRef, digest: str, *, tag
     out = PushCheck(reference=str(ref), digest=digest, verdict=None)
     if ref.tag and tag_digest is not None and tag_digest != digest:
         out.problems.append(f"tag {ref.tag} resolves to {tag_digest}, not {digest}")
-    decisions = decisions_for_digest(session, digest)
     every = by_release(decisions)
     if not every:
         return out

@@ -12,13 +12,15 @@ that judged the digest. So:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Sequence
 
 from qualify.outcomes import Verdict
-from qualify.store.digest_decisions import DecisionRow, RunRow, decisions_for_digest
-from qualify.store.models import Run
+from qualify.store.decision_rows import DecisionRow, RunRow
+
+if TYPE_CHECKING:  # the rules below are pure; only the readers need SQLAlchemy (the lean `gate check` has none)
+    from sqlalchemy.orm import Session
+
+    from qualify.store.models import Run
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Standing:
 
 def standings(session: Session, digest: str) -> list[Standing]:
     """One standing per release that judged the digest, ordered by release id."""
+    from qualify.store.digest_decisions import decisions_for_digest
+
     return by_release(decisions_for_digest(session, digest))
 
 

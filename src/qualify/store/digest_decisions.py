@@ -3,68 +3,24 @@
 This is the question CI asks after each build (the service's cold path, `qualify gate check`): one digest nobody
 asked about before. Through the ORM (a statement built per call, identity map, joined eager loads, a session per
 call) it cost about 2.5 ms of Python a check on the 10,000-run benchmark history; built once and read through
-Core into frozen rows, about 0.5 ms (issue 27). The rows carry the attribute names of the ORM objects they
-stand for (GateDecision, Run, Release, Image, RunImage), so the standing rules (qualify.gate.standing) and the
-repository rules (qualify.gate.push_check) read either.
+Core into frozen rows, about 0.5 ms (issue 27). The rows (qualify.store.decision_rows) carry the attribute names
+of the ORM objects they stand for (GateDecision, Run, Release, Image, RunImage), so the standing rules
+(qualify.gate.standing) and the repository rules (qualify.gate.push_check) read either. The same two statements,
+compiled for SQLite and PostgreSQL, are what the lean `gate check` runs without SQLAlchemy
+(qualify.store.digest_decisions_sql; a test pins their text to these).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-from dataclasses import dataclass
-from typing import Any
-
 from sqlalchemy import Connection, bindparam, select, union
 from sqlalchemy.orm import Session
 
+from qualify.store.decision_rows import (DecisionRow, FurtherImageRow, ImageRow, ReleaseRow, RunRow,  # noqa: F401
+                                         decision_rows, further_runs_of)
 from qualify.store.models import GateDecision, Image, Release, Run, RunImage
 
 _decision, _run, _release, _image, _run_image = (GateDecision.__table__, Run.__table__, Release.__table__,
                                                  Image.__table__, RunImage.__table__)
-
-
-@dataclass(frozen=True)
-class ReleaseRow:
-    id: int
-    name: str
-    repository: str
-    tag: str
-
-
-@dataclass(frozen=True)
-class ImageRow:
-    repository: str
-
-
-@dataclass(frozen=True)
-class FurtherImageRow:
-    name: str
-    digest: str
-    image: ImageRow
-
-
-@dataclass(frozen=True)
-class RunRow:
-    id: int
-    release_id: int
-    candidate_digest: str | None
-    manifest_text: str
-    release: ReleaseRow
-    image: ImageRow | None
-    # Read only when the digest asked about is one of them (the run judged it as a further image); else empty.
-    further_images: tuple[FurtherImageRow, ...]
-
-
-@dataclass(frozen=True)
-class DecisionRow:
-    id: int
-    run_id: int
-    digest: str | None
-    verdict: str
-    reasons: list[Any]
-    policy_sha256: str
-    baseline_run_id: int | None
-    decided_at: dt.datetime
 
 
 # Built once: a digest is judged as a run's candidate (the decision's own digest) or as one of a run's further
@@ -95,21 +51,9 @@ def decisions_for_digest(db: Session | Connection, digest: str) -> list[tuple[De
     statement) only for the runs that judged `digest` as one of them, the only case their rows are asked for."""
     conn = db.connection() if isinstance(db, Session) else db
     rows = conn.execute(_DECISIONS, {"digest": digest}).all()
-    further_runs = sorted({r.run_id for r in rows if r.candidate_digest != digest})
+    further_runs = further_runs_of([tuple(r) for r in rows], digest)
     further: dict[int, list[FurtherImageRow]] = {}
     if further_runs:
         for f in conn.execute(_FURTHER, {"runs": further_runs}):
             further.setdefault(f.run_id, []).append(FurtherImageRow(f.name, f.digest, ImageRow(f.repository)))
-    runs: dict[int, RunRow] = {}
-    out = []
-    for r in rows:
-        run = runs.get(r.run_id)
-        if run is None:
-            image = ImageRow(r.image_repository) if r.image_repository is not None else None
-            run = runs[r.run_id] = RunRow(
-                r.run_id, r.release_id, r.candidate_digest, r.manifest_text,
-                ReleaseRow(r.release_id, r.release_name, r.release_repository, r.release_tag), image,
-                tuple(further.get(r.run_id, ())))
-        out.append((DecisionRow(r.id, r.run_id, r.digest, r.verdict, r.reasons or [], r.policy_sha256,
-                                r.baseline_run_id, r.decided_at), run))
-    return out
+    return decision_rows([tuple(r) for r in rows], further)
