@@ -228,14 +228,16 @@ def _train_with(resources: dict[str, Any], **execution: Any):
     return {c.case_id: c for c in expand(rel)}
 
 
-def test_who_overlaps_its_set_up_a_single_node_cpu_case_as_many_launches_as_its_cpus() -> None:
+def test_who_overlaps_its_set_up_a_single_node_cpu_case_of_two_cpus_or_more() -> None:
     cases = _train_with({"cpus": 2})
-    assert cases["train/tiny/base"].setup_overlap == 2
-    assert cases["train/tiny/base"].document()["setup_overlap"] == 2
-    assert cases["infer/tq/none"].setup_overlap == 2
+    assert cases["train/tiny/base"].setup_overlap == 3  # twice its CPUs, at most its launches
+    assert cases["train/tiny/base"].document()["setup_overlap"] == 3
+    assert cases["infer/tq/none"].setup_overlap == 3
     assert cases["infer/tv/none"].setup_overlap == 1  # each vLLM engine reserves host memory for its KV cache
-    assert _train_with({"cpus": 8})["train/tiny/base"].setup_overlap == 3  # at most its launches
-    assert _train_with({"cpus": 1.5})["train/tiny/base"].setup_overlap == 1  # whole CPUs only
+    assert _train_with({"cpus": 8}, launches=8)["train/tiny/base"].setup_overlap == 8
+    assert _train_with({"cpus": 2}, launches=8)["train/tiny/base"].setup_overlap == 4  # twice its CPUs
+    assert _train_with({"cpus": 2.5})["train/tiny/base"].setup_overlap == 3  # whole CPUs
+    assert _train_with({"cpus": 1.5})["train/tiny/base"].setup_overlap == 1  # a neighbour shares the node
     assert _train_with({"cpus": 4, "gpus": 1})["train/tiny/base"].setup_overlap == 1  # device memory
     assert _train_with({"cpus": 4, "nodes": 2})["train/tiny/base"].setup_overlap == 1
     assert _train_with({"cpus": 4}, overlap_setup=False)["train/tiny/base"].setup_overlap == 1

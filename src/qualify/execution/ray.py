@@ -163,7 +163,7 @@ def execute_case(executor: Executor, case_doc: dict[str, Any], timeout_s: float,
         return outcomes.add(executor.run(doc, timeout_s=setup_overlap.launch_timeout(doc, timeout_s), gpu_ids=gpu_ids))
 
     merged, docs = launches.run_launches(case_doc, one_launch)
-    yield _task_result(merged, outcomes.of(docs), started - submitted_at, context, gpu_ids)
+    yield _task_result(merged, outcomes.of(docs), started - submitted_at, context, gpu_ids, time.time() - started)
 
 
 class KeptOutcomes:
@@ -203,7 +203,7 @@ def execute_paired_case(executor: Executor, baseline: Executor, case_doc: dict[s
     kept: list[dict[str, Any]] = []
     merged = launches.run_paired(case_doc, baseline_doc, side(executor, True), side(baseline, False),
                                  baseline.describe(), kept=kept)
-    yield _task_result(merged, outcomes.of(kept), started - submitted_at, context, gpu_ids)
+    yield _task_result(merged, outcomes.of(kept), started - submitted_at, context, gpu_ids, time.time() - started)
 
 
 @ray.remote
@@ -221,14 +221,16 @@ def execute_duet_case(executor: Executor, baseline: Executor, case_doc: dict[str
     merged, outcomes = duet.measure(executor, baseline, case_doc, baseline_doc, cpus_per_side=per_side.cpus,
                                     gpus_per_side=per_side.gpus, gpu_ids=gpu_ids, timeout_s=timeout_s,
                                     policy=policy)
-    yield _task_result(merged, outcomes, started - submitted_at, context, gpu_ids)
+    yield _task_result(merged, outcomes, started - submitted_at, context, gpu_ids, time.time() - started)
 
 
 def _task_result(merged: dict[str, Any], outcomes: list[Any], queue_wait_s: float, context: Any,
-                 gpu_ids: list[str]) -> CaseRunResult:
-    """The Ray task's answer: the merged document, the candidate's launches' time, the last launch's exit."""
+                 gpu_ids: list[str], held_s: float) -> CaseRunResult:
+    """The Ray task's answer: the merged document, how long the case held its resources (`held_s`, the task's wall
+    time: both sides of a paired or duet case and launches that overlapped their set-up counted once, as the plan
+    and the makespan's lower bound read it), the last launch's exit."""
     last = outcomes[-1]
-    return CaseRunResult(doc=merged, exit_code=last.exit_code, exec_s=sum(o.exec_s for o in outcomes),
+    return CaseRunResult(doc=merged, exit_code=last.exit_code, exec_s=held_s,
                          queue_wait_s=max(0.0, queue_wait_s), node=socket.gethostname(),
                          node_id=context.get_node_id(), gpu_ids=gpu_ids, retryable=last.retryable,
                          command=last.command)

@@ -33,9 +33,9 @@ class ExecutionSpec(Strict):
     # is only sampled by starting the workload again; the gate tests one figure per launch
     # (qualify.launches, gate.stats). case_timeout_s bounds each launch.
     launches: dict[CaseKind, int] = Field(default_factory=lambda: dict(DEFAULT_LAUNCHES))
-    # The launches of a single-node CPU case start together, as many at once as the CPUs it holds, each waits
-    # after its set-up and they are measured one at a time (execution/setup_overlap.py): the set-up seconds
-    # overlap, a measurement never runs beside another launch's set-up. false: one launch after the other.
+    # The launches of a single-node CPU case holding 2 CPUs or more start together (twice as many as its CPUs at
+    # most), each waits after its set-up and they are measured one at a time (execution/setup_overlap.py): the
+    # set-up seconds overlap, a measurement never runs beside another launch's set-up. false: one after the other.
     overlap_setup: bool = True
     # The kinds whose launches the manifest gave (a number gives every kind): a default may be raised to the
     # gate's first look (ReleaseManifest._launches_cover_first_look), a given count never is.
