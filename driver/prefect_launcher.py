@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 
@@ -12,6 +13,7 @@ from qualify.lifetime import bind_children_to_this_process
 from qualify.outcomes import RunOutcome
 from qualify.progress import listening
 from qualify.settings import Settings
+from qualify_prefect.driver import early_prefect
 from qualify_prefect.driver.local_prefect import reusable_api_url
 
 
@@ -64,11 +66,18 @@ def quiet_console() -> None:
 def launch(request: RunRequest, settings: Settings, on_progress: ProgressCallback) -> RunOutcome:
     bind_children_to_this_process()  # Prefect's API server, Ray, the workloads: dead with this process
     prepare_environment(settings, request.verbose)  # before Prefect is imported: it reads them at import
+    server = None
+    if not os.environ.get("PREFECT_API_URL"):
+        # Prefect's temporary API server, started now rather than after Prefect's import (driver/early_prefect.py).
+        # Stopped at interpreter exit, after Prefect's own exit handlers (registered later, run first) have sent
+        # the last logs and events to it, as Prefect stops its own.
+        server = early_prefect.start()
+        atexit.register(server.stop)
     if request.local_ray and not settings.ray_address:
         early_ray.start_in_background(_start_local_ray)  # beside Prefect's start; the flow's Ray stage claims it
         early_ray.exit_on_sigterm()
     try:
-        return _launch(request, on_progress)
+        return _launch(request, on_progress, server)
     finally:
         early_ray.stop()  # a Ray nobody claimed (the run ended before its Ray stage) goes with the launcher
 
@@ -79,10 +88,17 @@ def _start_local_ray() -> None:
     start_local_ray()
 
 
-def _launch(request: RunRequest, on_progress: ProgressCallback) -> RunOutcome:
+def _launch(request: RunRequest, on_progress: ProgressCallback,
+            server: early_prefect.TemporaryServer | None) -> RunOutcome:
     from prefect.task_runners import ThreadPoolTaskRunner
 
     from qualify_prefect.flows.qualify_release import qualify_release
+
+    if server is not None:  # it started while the imports above ran
+        try:
+            server.wait_healthy(float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 180))
+        except RuntimeError as exc:
+            raise InfraError(f"Prefect could not run the flow: {exc}") from None
 
     # Every case's Prefect task waits on its Ray task: a pool smaller than the matrix would queue
     # cases behind Prefect instead of Ray.
