@@ -1,7 +1,7 @@
 """History vs paired vs duet baselines on this machine, while its load changes (issues 14 and 23).
 
     python benchmarks/paired_vs_history.py [--reps N] [--modes history,paired,duet] [--slowdown 0.10]
-                                           [--burn-every 2] [--out DIR]
+                                           [--burn-every 2] [--out DIR] [--prefect server|ephemeral]
 
 1. Qualifies the previous release once ("0.9"): the smoke training case (tiny-llama, base) as two models, `same`
    and `slowed`, 3 launches each. This run is the history baseline and, being a PASS, the environment that
@@ -70,8 +70,12 @@ def manifest(path: Path, tag: str, previous: str | None, *, mode: str, slowdown:
     return path
 
 
+PREFECT_API: dict[str, str] = {}  # the benchmark's Prefect server (--prefect server), once it runs
+
+
 def qualify_run(path: Path, db: str, data_dir: Path) -> tuple[dict[str, Any], float]:
-    env = {**os.environ, "QUALIFY_DATA_DIR": str(data_dir), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {**os.environ, "QUALIFY_DATA_DIR": str(data_dir), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           **PREFECT_API}
     start = time.monotonic()
     res = subprocess.run([QUALIFY, "run", str(path), "--db", db, "--json"], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=3600)
@@ -126,7 +130,7 @@ def case_figures(db: str, run_id: int) -> dict[str, int]:
 
 def calibrate(path: Path, db: str, data_dir: Path, runs: int, slowdown: float) -> str:
     """`qualify calibrate` on the previous release: the run-to-run variation history mode adds to its interval."""
-    env = {**os.environ, "QUALIFY_DATA_DIR": str(data_dir)}
+    env = {**os.environ, "QUALIFY_DATA_DIR": str(data_dir), **PREFECT_API}
     res = subprocess.run([QUALIFY, "calibrate", str(path), "--db", db, "--runs", str(runs), "--slowed-runs", "1",
                           "--slowdown", str(slowdown)], capture_output=True, text=True, env=env, cwd=REPO,
                          timeout=7200)
@@ -154,7 +158,23 @@ def main() -> int:
     ap.add_argument("--calibrate-runs", type=int, default=3,
                     help="A/A runs of `qualify calibrate` on the previous release (history mode needs the run-to-run "
                          "variation; 0: skip, and history mode is INCOMPLETE by design)")
+    ap.add_argument("--prefect", choices=("server", "ephemeral"), default="server",
+                    help="server: one `prefect server start` on the loopback for every run, as a release manager with a "
+                         "server has (default); ephemeral: each run starts Prefect's temporary API")
     args = ap.parse_args()
+    if args.prefect == "server":
+        sys.path.insert(0, str(REPO / "tests"))
+        from support.shared_prefect import running
+
+        with tempfile.TemporaryDirectory(prefix="qualify-pvh-prefect-") as home, running(Path(home)) as api:
+            if api is None:
+                sys.exit("the benchmark's Prefect server did not start (--prefect ephemeral runs without one)")
+            PREFECT_API["PREFECT_API_URL"] = api
+            return _benchmark(ap, args)
+    return _benchmark(ap, args)
+
+
+def _benchmark(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         ap.error(f"--modes: a comma-separated subset of {','.join(MODES)}, got {args.modes!r}")

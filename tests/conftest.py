@@ -105,6 +105,20 @@ def sessions(db_url: str):
     engine.dispose()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Under `pytest -n 2`: a module marked `alone` has the machine to itself, the others share it two at a time
+    (support/machine_share.py). One process (no xdist): nothing to share."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    from support.machine_share import held
+
+    alone = any(m.name == "alone" for m in request.node.iter_markers())
+    with held(tmp_path_factory.getbasetemp().parent / "machine-share", alone):
+        yield
+
+
 def _order(item: pytest.Item) -> int:
     """Unit tests first (the fast answer), then the integration tests, then those that need container images, the
     vLLM image's last: the images build meanwhile (`.ci/run` starts scripts/base-image.sh and scripts/vllm-image.sh

@@ -20,7 +20,8 @@ from support.flows import results, run_qualify
 from qualify.build import build_candidate
 from qualify.manifest.load import load_manifest
 
-pytestmark = [pytest.mark.ray, pytest.mark.registry, pytest.mark.container, pytest.mark.prefect, pytest.mark.slow,
+# alone: under -n 2 this module has the machine to itself (duet ratios: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.ray, pytest.mark.registry, pytest.mark.container, pytest.mark.prefect, pytest.mark.slow,
               pytest.mark.timeout(1200)]
 
 

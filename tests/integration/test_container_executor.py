@@ -19,7 +19,8 @@ from qualify.manifest.load import load_manifest
 from qualify.verify import compare_components, probe_case
 from qualify.workloads import protocol
 
-pytestmark = [pytest.mark.workload]
+# alone: under -n 2 this module has the machine to itself (no container of qualify's left in the shared store: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.workload]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,8 @@ import yaml
 from support.cli import run_qualify
 from support.flows import results
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.workload]
+# alone: under -n 2 this module has the machine to itself (duet ratios: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.ray, pytest.mark.workload]
 
 STEPS = {"samples": {}, "steps": 12, "step_work": 150_000}
 

@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from support.flows import REPO, cli_env, db_rows, results, run_qualify, sleep_manifest
+from support.processes import carrying_mark, cmdline
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect]
 
@@ -30,7 +32,8 @@ def test_faults_are_classified_retried_and_recorded(tmp_path: Path) -> None:
         {"name": "lost", "kind": "sleep", "params": {"kill_self_after_s": 0.2}},
         {"name": "fails", "kind": "sleep", "params": {"duration_s": 0.1, "fail": True}},
     ], timeout_s=6, retries=1)
-    res = run_qualify(["run", str(manifest), "--db", db, "--json"], tmp_path)
+    mark = uuid.uuid4().hex  # this run's processes carry it: another test's sleep workloads may run beside (-n 2)
+    res = run_qualify(["run", str(manifest), "--db", db, "--json"], tmp_path, QUALIFY_TEST_MARK=mark)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "Traceback" not in res.stderr
     outcome = json.loads(res.stdout)
@@ -56,8 +59,8 @@ def test_faults_are_classified_retried_and_recorded(tmp_path: Path) -> None:
     reasons = {(r["check"], r["status"]) for r in outcome["reasons"]}
     assert ("completeness", "FAIL") in reasons or any(s == "FAIL" for _, s in reasons)
     # The hung workload was killed with its process group: nothing is left behind.
-    left = subprocess.run(["pgrep", "-f", "qualify.workloads.sleep"], capture_output=True, text=True)
-    assert left.stdout.strip() == "", left.stdout
+    left = [pid for pid in carrying_mark(mark) if "qualify.workloads.sleep" in cmdline(pid)]
+    assert left == [], left
     # One decision stored; stages timed.
     decisions = db_rows(db, "SELECT verdict FROM gate_decisions WHERE run_id = :r", r=outcome["run_id"])
     assert [d["verdict"] for d in decisions] == ["FAIL"]

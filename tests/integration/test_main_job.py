@@ -12,7 +12,8 @@ import pytest
 from support.flows import db_rows, results, run_qualify
 
 # The README's main job, as a new user runs it: no Prefect server, the ephemeral API.
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload, pytest.mark.ephemeral_prefect]
+# alone: under -n 2 this module has the machine to itself (the smoke's ablation gains: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload, pytest.mark.ephemeral_prefect]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -24,7 +24,8 @@ from qualify.executors.base import run_command
 from qualify.executors.local import SCRATCH_PREFIX, remove_stale_scratch
 from qualify.workloads import protocol
 
-pytestmark = [pytest.mark.workload,
+# alone: under -n 2 this module has the machine to itself (how fast a kill lands: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.workload,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and PR_SET_PDEATHSIG")]
 
 

@@ -22,7 +22,8 @@ from support.flows import results, run_json, run_qualify
 
 from qualify.build.local import environment_digest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
+# alone: under -n 2 this module has the machine to itself (the gain over a reference image: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
 
 
 def _manifest(path: Path, *, mode: str, digest: str, params: dict[str, Any], launches: int) -> Path:

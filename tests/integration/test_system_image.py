@@ -40,7 +40,8 @@ from qualify.executors.container import ContainerExecutor, leftover_containers
 from qualify.manifest.load import load_manifest
 from qualify.verify import compare_components, probe_case
 
-pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
+# alone: under -n 2 this module has the machine to itself (the smoke's ablation gains, in containers: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
 
 MANIFEST = REPO / "releases" / "cpu-image.yaml"
 DEFAULT_REGISTRY = "127.0.0.1:5555"

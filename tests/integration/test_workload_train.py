@@ -18,7 +18,8 @@ import pytest
 
 from qualify.workloads import protocol
 
-pytestmark = [pytest.mark.workload]
+# alone: under -n 2 this module has the machine to itself (step times, the slowdown's sizing, a training duet: tests/support/machine_share.py).
+pytestmark = [pytest.mark.alone, pytest.mark.workload]
 
 REPO = Path(__file__).resolve().parents[2]
 # Few steps, one thread: tests check structure, not speed, and the 2 cores are shared.
