@@ -110,12 +110,26 @@ def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     """Under `pytest -n 2`: a module marked `alone` has the machine to itself, the others share it two at a time
     (support/machine_share.py). One process (no xdist): nothing to share."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield None
+        return
+    from support.machine_share import MachineShare
+
+    share = MachineShare(tmp_path_factory.getbasetemp().parent / "machine-share")
+    alone = any(m.name == "alone" for m in request.node.iter_markers())
+    share.alone() if alone else share.shared()
+    try:
+        yield None if alone else share
+    finally:
+        share.close()
+
+
+@pytest.fixture(autouse=True)
+def _alone_test(request: pytest.FixtureRequest, _machine_share):
+    """A test marked `alone` in a module that shares the machine has it to itself while it runs."""
+    if _machine_share is None or not any(m.name == "alone" for m in request.node.own_markers):
         yield
         return
-    from support.machine_share import held
-
-    alone = any(m.name == "alone" for m in request.node.iter_markers())
-    with held(tmp_path_factory.getbasetemp().parent / "machine-share", alone):
+    with _machine_share.alone_for_a_while():
         yield
 
 

@@ -40,8 +40,7 @@ from qualify.executors.container import ContainerExecutor, leftover_containers
 from qualify.manifest.load import load_manifest
 from qualify.verify import compare_components, probe_case
 
-# alone: under -n 2 this module has the machine to itself (the smoke's ablation gains, in containers: tests/support/machine_share.py).
-pytestmark = [pytest.mark.alone, pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
+pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.ray, pytest.mark.prefect, pytest.mark.workload]
 
 MANIFEST = REPO / "releases" / "cpu-image.yaml"
 DEFAULT_REGISTRY = "127.0.0.1:5555"
@@ -142,6 +141,9 @@ def _direct_matrix(system: System) -> list[dict[str, Any]]:
     return docs
 
 
+# alone: under -n 2 this test has the machine to itself (the smoke's ablation gains, in containers:
+# tests/support/machine_share.py); the image's build, push and probe share it.
+@pytest.mark.alone
 def test_qualify_run_in_containers(system: System) -> None:
     build = _need_build(system)
     env = {"QUALIFY_DATA_DIR": str(system.data_dir), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}

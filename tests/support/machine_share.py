@@ -1,14 +1,15 @@
-"""Two test workers share this 2-core machine (`pytest -n 2`), except while a test module that measures runs.
+"""Two test workers share this 2-core machine (`pytest -n 2`), except while a test that measures runs.
 
 Most integration tests wait: on Prefect, Ray, a registry, a subprocess. Run two at a time, the suite takes far less
-wall time than one after the other. But some modules measure what a neighbour moves: throughput ratios (duet,
-paired, a reference image to beat, the ablation gains of the smoke), or how fast a kill lands. A module marked
-`alone` runs with the machine to itself.
+wall time than one after the other. But some tests measure what a neighbour moves: throughput ratios (duet, paired,
+a reference image to beat, the ablation gains of the smoke), or how fast a kill lands. A test or a whole module
+marked `alone` runs with the machine to itself.
 
 A readers-writer lock across the workers, on two files under the session's shared temp folder: every module holds
-the machine shared; an `alone` module holds it exclusively. The turnstile gives a waiting `alone` module priority:
-while it waits for the other worker's current module to end, that worker starts no new one. flock(2): released by
-the kernel if a worker dies.
+the machine shared for as long as it runs; an `alone` module holds it exclusively, and an `alone` test of a shared
+module trades its module's shared hold for an exclusive one while it runs. The turnstile gives a waiting `alone`
+holder priority: while it waits for the other worker's current holder to let go, that worker takes no new hold.
+flock(2): released by the kernel if a worker dies.
 """
 
 from __future__ import annotations
@@ -19,24 +20,41 @@ from pathlib import Path
 from typing import Iterator
 
 
-@contextlib.contextmanager
-def held(folder: Path, alone: bool) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "turnstile", "a+b") as turnstile, open(folder / "machine", "a+b") as machine:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if alone:
-            try:
-                fcntl.flock(machine, fcntl.LOCK_EX)  # the other worker's module ends; it starts none meanwhile
-                yield
-            finally:
-                fcntl.flock(machine, fcntl.LOCK_UN)
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-            return
+class MachineShare:
+    """One module's hold on the machine (its own open files: flock locks belong to an open file)."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self._turnstile = open(folder / "turnstile", "a+b")  # noqa: SIM115 - held across the module's tests
+        self._machine = open(folder / "machine", "a+b")  # noqa: SIM115
+
+    def shared(self) -> None:
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(machine, fcntl.LOCK_SH)
+            fcntl.flock(self._machine, fcntl.LOCK_SH)
         finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+
+    def alone(self) -> None:
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)  # no new shared hold from here on
+        fcntl.flock(self._machine, fcntl.LOCK_EX)  # the other worker's current holder lets go
+
+    def release(self) -> None:
+        fcntl.flock(self._machine, fcntl.LOCK_UN)
+        fcntl.flock(self._turnstile, fcntl.LOCK_UN)  # a no-op after a shared hold
+
+    def close(self) -> None:
+        self.release()
+        self._turnstile.close()
+        self._machine.close()
+
+    @contextlib.contextmanager
+    def alone_for_a_while(self) -> Iterator[None]:
+        """A shared holder's exclusive spell (an `alone` test of a shared module)."""
+        self.release()
+        self.alone()
         try:
             yield
         finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
+            self.release()
+            self.shared()

@@ -1,7 +1,7 @@
 """Prefect's temporary API server, started by the launcher before Prefect is imported (driver/early_prefect.py,
 issue 27): it must be Prefect's own server, started Prefect's own way, on the loopback only. The command line is
 compared with the one Prefect builds itself (SubprocessASGIServer), so an upgrade of Prefect that changes it
-fails here rather than running a server Prefect would not have."""
+fails (tests/integration/test_early_prefect_command.py: it imports Prefect's server, seconds of imports)."""
 
 from __future__ import annotations
 
@@ -14,30 +14,9 @@ import pytest
 from qualify_prefect.driver import early_prefect
 
 
-@pytest.fixture(scope="module")
-def prefect_server() -> Any:
-    """Prefect's server module, imported before the unit tests' isolation guard applies: its import asks the
-    platform (`file -b <python>`) once, a fact of the machine and not of the code under test."""
-    from prefect.server.api import server
-
-    return server
-
-
 class _Recorded:
     def __init__(self, args: list[str], env: dict[str, str] | None = None, **_kw: Any) -> None:
         self.args, self.env = list(args), dict(env or {})
-
-
-def test_the_server_is_started_as_prefect_starts_its_own(prefect_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefect_server.subprocess, "Popen", _Recorded)
-    theirs = prefect_server.SubprocessASGIServer(port=8765)._run_uvicorn_command()
-    monkeypatch.setattr(early_prefect.subprocess, "Popen", _Recorded)
-    ours = early_prefect._spawn(8765)
-    assert ours.args == theirs.args  # the same interpreter, module, app factory, host, port, log level, lifespan
-    assert "127.0.0.1" == ours.args[ours.args.index("--host") + 1]
-    for key, value in early_prefect.SERVER_ENV.items():  # no UI, an ephemeral server, final settings
-        assert theirs.env[key] == value == ours.env[key]
-    prefect_server.SubprocessASGIServer._instances.pop(8765, None)
 
 
 def test_start_points_prefect_at_it_and_the_server_is_not_told_its_own_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,7 +30,7 @@ import shutil
 import struct
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from qualify.executors.container import GATE_DIR_PREFIX  # a container launch gets the folder mounted
@@ -61,7 +61,6 @@ class BatchOutcome:
 
     results: list[tuple[dict[str, Any], float]]
     fallback: str | None = None  # why the case's later launches must run one at a time
-    waits_s: list[float] = field(default_factory=list)  # per result: seconds parked at the gate (0 when alone)
 
 
 def passed(doc: Mapping[str, Any]) -> bool:
@@ -75,7 +74,7 @@ def run_batch(items: Sequence[tuple[dict[str, Any], Launch]], timeout_s: float,
     it always did, with no gate."""
     if len(items) == 1:
         doc, launch = items[0]
-        return BatchOutcome([launch(doc)], waits_s=[0.0])
+        return BatchOutcome([launch(doc)])
     folder = tempfile.mkdtemp(prefix=GATE_DIR_PREFIX)
     try:
         gates = _Gates(folder, len(items))
@@ -93,7 +92,6 @@ def _run(items: Sequence[tuple[dict[str, Any], Launch]], gates: "_Gates", folder
     gated = [{**doc, measure_gate.SECTION: {"dir": folder, "slot": k, "timeout_s": timeout_s * (k + 1)}}
              for k, (doc, _launch) in enumerate(items)]
     results: list[tuple[dict[str, Any], float] | None] = [None] * n
-    waits: list[float] = [0.0] * n
     dropped: list[int] = []
     end = n
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="qualify-launch") as pool:
@@ -108,7 +106,6 @@ def _run(items: Sequence[tuple[dict[str, Any], Launch]], gates: "_Gates", folder
                     dropped.append(k)  # measured without waiting at the gate: maybe beside another's set-up
                     continue
                 results[k] = (doc, seconds)
-                waits[k] = _waited(doc)
                 if stops(k, doc):
                     end = k + 1
                     break
@@ -129,13 +126,7 @@ def _run(items: Sequence[tuple[dict[str, Any], Launch]], gates: "_Gates", folder
                 end = k + 1
                 break
     out = [r for r in results[:end] if r is not None]
-    return BatchOutcome(out, fallback=fallback, waits_s=[waits[k] for k in range(end) if results[k] is not None])
-
-
-def _waited(doc: Mapping[str, Any]) -> float:
-    record = (doc.get("environment") or {}).get(measure_gate.SECTION)
-    value = record.get("waited_s") if isinstance(record, Mapping) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    return BatchOutcome(out, fallback=fallback)
 
 
 class _Gates:

@@ -1,0 +1,71 @@
+"""The suite's machine share (tests/support/machine_share.py): under `pytest -n 2` a test that measures has the
+machine to itself. Two holders here are two MachineShare objects (flock locks belong to an open file, so they
+exclude each other as two worker processes do)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.machine_share import MachineShare
+
+pytestmark = pytest.mark.unit
+
+
+def _soon(event: threading.Event) -> bool:
+    return event.wait(2.0)
+
+
+def test_an_alone_holder_waits_for_the_shared_one_and_a_later_shared_one_waits_for_it(tmp_path: Path) -> None:
+    first, alone, later = MachineShare(tmp_path), MachineShare(tmp_path), MachineShare(tmp_path)
+    first.shared()
+    got_alone, got_later, order = threading.Event(), threading.Event(), []
+
+    def take_alone() -> None:
+        alone.alone()
+        order.append("alone")
+        got_alone.set()
+        time.sleep(0.2)
+        alone.release()
+
+    def take_later() -> None:
+        later.shared()
+        order.append("later")
+        got_later.set()
+        later.release()
+
+    t1 = threading.Thread(target=take_alone)
+    t1.start()
+    time.sleep(0.2)  # the alone holder now waits at the machine, holding the turnstile
+    t2 = threading.Thread(target=take_later)
+    t2.start()
+    assert not got_alone.wait(0.3) and not got_later.is_set()  # both wait for the first holder
+    first.release()
+    assert _soon(got_alone) and _soon(got_later)
+    t1.join(), t2.join()
+    assert order == ["alone", "later"]  # the waiting alone holder went before a newer shared one
+    for share in (first, alone, later):
+        share.close()
+
+
+def test_two_shared_holders_run_together_and_an_alone_spell_excludes_the_other(tmp_path: Path) -> None:
+    a, b = MachineShare(tmp_path), MachineShare(tmp_path)
+    a.shared()
+    b.shared()  # at once: two workers' ordinary modules
+    entered = threading.Event()
+
+    def spell() -> None:
+        with b.alone_for_a_while():
+            entered.set()
+
+    thread = threading.Thread(target=spell)
+    thread.start()
+    assert not entered.wait(0.3)  # b's alone test waits while a's module holds the machine
+    a.release()
+    assert _soon(entered)
+    thread.join()
+    a.shared()  # b holds it shared again after its spell: a shares again at once
+    a.close()
+    b.close()
