@@ -8,11 +8,15 @@ Model (log scale, throughput, higher is better): a launch's log figure is
 normal with sd ``noise``; every launch of one run shares that run's offset (sd ``offset``).
 
 * paired: the candidate and the baseline launch back to back in the SAME run, so the offset cancels in
-  each pair's ratio; the runner looks after each pair from the plan's first to its budget
-  (noninferiority.should_continue), the gate judges what it stopped at (stats.compare_pairs).
+  each pair's ratio; the runner looks after each pair from the plan's first to its budget with the runner's own
+  callback (gate.sequential.next_step: its futility stop included), the gate judges what it stopped at
+  (stats.compare_pairs).
 * history: two runs, each with its own offset; the run-to-run variation is estimated by a calibration of
   ``calibration_runs`` A/A runs (calibration.run_variation) as `qualify calibrate` does; the runner adds
   candidate launches the same way (stats.compare_history).
+
+``futile_factor``: the runner's futility stop (gate.sequential.FUTILE_FACTOR); math.inf turns it off (the rule as it
+was, to compare).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 
 from qualify.gate import calibration
 from qualify.gate import noninferiority as ni
-from qualify.gate import stats
+from qualify.gate import sequential, stats
 
 
 @dataclass
@@ -59,10 +63,17 @@ def _run(rng: random.Random, truth: float, offset: float, noise: float, n: int) 
     return [math.exp(truth + shift + rng.gauss(0.0, noise)) for _ in range(n)]
 
 
+def _block(mode: str, *, first: int, budget: int, max_regression: float, alpha: float,
+           baseline: list[float] | None = None, variation: ni.RunVariation | None = None) -> dict:
+    return sequential.spec(metric="tokens_per_s", direction="higher", mode=mode, max_regression=max_regression,
+                           alpha=alpha, min_samples=first, max_launches=budget, baseline=baseline, variation=variation)
+
+
 def simulate_paired(*, drop: float, noise: float, offset: float, trials: int, seed: int, first: int = 3,
-                    budget: int = 8, max_regression: float = 0.05, alpha: float = 0.05) -> Counts:
+                    budget: int = 8, max_regression: float = 0.05, alpha: float = 0.05,
+                    futile_factor: float = sequential.FUTILE_FACTOR) -> Counts:
     rng = random.Random(seed)
-    plan = ni.Plan(first, budget, alpha)
+    block = _block("paired", first=first, budget=budget, max_regression=max_regression, alpha=alpha)
     counts = Counts()
     truth = math.log1p(-drop)
     for _ in range(trials):
@@ -72,12 +83,7 @@ def simulate_paired(*, drop: float, noise: float, offset: float, trials: int, se
         while True:
             cand.append(math.exp(truth + shift + rng.gauss(0.0, noise)))
             base.append(math.exp(shift + rng.gauss(0.0, noise)))
-
-            def at(level: float) -> ni.Interval | None:
-                logs = ni.paired_logs(cand, base, "higher")
-                return ni.interval_from_log_ratios(logs or [], alpha=level)
-
-            if not ni.should_continue(plan, max_regression, at, len(cand)):
+            if not sequential.next_step(block, cand, base, futile_factor=futile_factor).more:
                 break
         cmp = stats.compare_pairs(cand, base, "higher", max_regression=max_regression, alpha=alpha,
                                   min_samples=first, max_launches=budget)
@@ -87,10 +93,10 @@ def simulate_paired(*, drop: float, noise: float, offset: float, trials: int, se
 
 def simulate_history(*, drop: float, noise: float, offset: float, trials: int, seed: int, first: int = 3,
                      budget: int = 8, max_regression: float = 0.05, alpha: float = 0.05,
-                     calibration_runs: int = 6, independent: bool = False) -> Counts:
+                     calibration_runs: int = 6, independent: bool = False,
+                     futile_factor: float = sequential.FUTILE_FACTOR) -> Counts:
     """independent=True: the mutation that treats one run's launches as independent (no run-to-run part)."""
     rng = random.Random(seed)
-    plan = ni.Plan(first, budget, alpha)
     counts = Counts()
     truth = math.log1p(-drop)
     for _ in range(trials):
@@ -100,14 +106,12 @@ def simulate_history(*, drop: float, noise: float, offset: float, trials: int, s
         assert variation is not None
         base = _run(rng, 0.0, offset, noise, first)
         shift = rng.gauss(0.0, offset) if offset else 0.0
+        block = _block("history", first=first, budget=budget, max_regression=max_regression, alpha=alpha,
+                       baseline=base, variation=variation)
         cand: list[float] = []
         while True:
             cand.append(math.exp(truth + shift + rng.gauss(0.0, noise)))
-
-            def at(level: float) -> ni.Interval | None:
-                return ni.history_interval(cand, base, "higher", variation=variation, alpha=level)
-
-            if not ni.should_continue(plan, max_regression, at, len(cand)):
+            if not sequential.next_step(block, cand, futile_factor=futile_factor).more:
                 break
         cmp = stats.compare_history(cand, base, "higher", variation=variation, max_regression=max_regression,
                                     alpha=alpha, min_samples=first, max_launches=budget)

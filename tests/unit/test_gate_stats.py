@@ -177,6 +177,43 @@ def test_paired_sequential_false_pass_and_false_fail_stay_below_alpha(noise: flo
         assert same.pass_rate > 0.8 and slow.fail_rate > 0.8
 
 
+def test_futility_stops_what_the_budget_cannot_decide_and_adds_no_false_decision() -> None:
+    # 10% launch noise, paired: deciding at a 5% margin needs far more than 8 pairs (this machine's paired regime).
+    kw = dict(noise=0.10, offset=0.03, trials=TRIALS)
+    same, same_full = (gate_simulation.simulate_paired(drop=0.0, seed=5, **kw),
+                       gate_simulation.simulate_paired(drop=0.0, seed=5, futile_factor=math.inf, **kw))
+    slow = gate_simulation.simulate_paired(drop=0.10, seed=6, **kw)
+    assert same.mean_units < 4.5 and same_full.mean_units > 7.0, (same, same_full)  # it stops at the first looks
+    assert same.fail_rate <= 0.05 + SLACK and slow.pass_rate <= 0.05 + SLACK, (same, slow)
+    margin = gate_simulation.simulate_paired(drop=0.05, seed=7, **kw)  # on the margin: never PASSed more often
+    margin_full = gate_simulation.simulate_paired(drop=0.05, seed=7, futile_factor=math.inf, **kw)
+    assert margin.pass_rate <= margin_full.pass_rate + SLACK and margin.pass_rate <= 0.05 + SLACK
+
+
+def test_futility_costs_next_to_nothing_where_the_budget_decides() -> None:
+    # 3% launch noise: an identical candidate needs about the budget; the futility stop must leave its PASS rate.
+    kw = dict(drop=0.0, noise=0.03, offset=0.03, trials=TRIALS, seed=8)
+    with_stop = gate_simulation.simulate_paired(**kw)
+    without = gate_simulation.simulate_paired(futile_factor=math.inf, **kw)
+    assert with_stop.pass_rate >= without.pass_rate - 0.04, (with_stop, without)
+    assert with_stop.mean_units <= without.mean_units
+
+
+def test_the_futility_stop_says_what_deciding_would_need() -> None:
+    from qualify.gate import sequential
+
+    block = sequential.spec(metric="tokens_per_s", direction="higher", mode="paired", max_regression=0.05,
+                            alpha=0.05, min_samples=3, max_launches=8)
+    cand, base = [100.0, 112.0, 90.0], [100.0, 92.0, 110.0]  # pair ratios 1.0, 1.22, 0.82: a 20% spread
+    step = sequential.next_step(block, cand, base)
+    assert not step.more and "more than 4 times the budget of 8" in step.reason, step
+    needed = int(step.reason.split("needs about ")[1].split()[0])
+    assert needed > 32
+    assert sequential.next_step(block, cand, base, futile_factor=needed / 8 + 0.01).more  # just under: go on
+    quiet = sequential.next_step(block, [100.0, 101.0, 99.0], [100.0, 100.5, 99.5])
+    assert not quiet.more and quiet.reason.startswith("decided (pass)"), quiet
+
+
 def test_history_with_run_offsets_keeps_its_false_fail_rate_and_the_mutation_does_not() -> None:
     # 2% launch noise, 10% run-level offset: every launch of a run shares its offset (the scenario).
     calibrated = gate_simulation.simulate_history(drop=0.0, noise=0.02, offset=0.10, trials=TRIALS, seed=3)

@@ -95,10 +95,15 @@ def test_paired_sampling_stops_when_decided_and_at_the_budget() -> None:
     assert quiet["environment"]["sequential"]["reason"].startswith("decided (pass) after 3 pairs")
     slow, _ = _sequential_pairs([85.0, 85.3, 84.8], [100.0, 100.2, 99.9])
     assert slow["metrics"]["launches"] == 3 and "decided (fail)" in slow["environment"]["sequential"]["reason"]
-    noisy, calls = _sequential_pairs([100.0, 140.0, 60.0, 120.0, 80.0], [100.0, 70.0, 130.0, 90.0])
+    # A 9% pair spread: undecided at every look, deciding needs about the budget's order: to the budget.
+    noisy, calls = _sequential_pairs([100.0, 110.0, 91.0, 104.0, 96.0, 108.0, 93.0, 102.0], [100.0])
     assert noisy["metrics"]["launches"] == 8 and len(calls) == 16
     assert "undecided at the budget of 8 pairs" in noisy["environment"]["sequential"]["reason"]
     assert result_document.paired_baseline_series(noisy["samples"], "tokens_per_s") is not None
+    # A 40% spread: deciding needs far more than 4 times the budget: it stops at the first look (futility).
+    wild, calls = _sequential_pairs([100.0, 140.0, 60.0, 120.0, 80.0], [100.0, 70.0, 130.0, 90.0])
+    assert wild["metrics"]["launches"] == 3 and len(calls) == 6
+    assert "more than 4 times the budget of 8" in wild["environment"]["sequential"]["reason"]
 
 
 def test_history_sampling_adds_candidate_launches_until_decided() -> None:

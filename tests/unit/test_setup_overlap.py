@@ -28,6 +28,7 @@ class Timeline:
     setup: dict[int, tuple[float, float]] = field(default_factory=dict)
     measure: dict[int, tuple[float, float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    apart: bool = False  # a launch's set-up began while another launch of its batch had not started
 
     def overlaps(self) -> list[str]:
         out = []
@@ -46,12 +47,19 @@ def _passed(value: float = 100.0) -> dict[str, Any]:
 
 
 def fake_workload(timeline: Timeline, setup_s: dict[int, float], measure_s: float = 0.03, *, gated: bool = True,
-                  fail: set[int] = frozenset(), fail_in_setup: set[int] = frozenset()):
+                  fail: set[int] = frozenset(), fail_in_setup: set[int] = frozenset(),
+                  together: threading.Barrier | None = None):
     """A launch callable: `setup_s[index]` of set-up, the gate (as workloads/measure_gate.py does it), then the
-    measurement; what it did goes into the timeline."""
+    measurement; what it did goes into the timeline. `together`: a barrier every launch of the batch meets at the
+    start of its set-up (bounded): it is passed only when the runner started them all at once."""
 
     def launch(doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
         index = doc["launch"]["index"]
+        if together is not None:
+            try:
+                together.wait(timeout=10)
+            except threading.BrokenBarrierError:
+                timeline.apart = True
         t0 = time.monotonic()
         time.sleep(setup_s.get(index, 0.01))
         with timeline.lock:
@@ -87,12 +95,13 @@ CASE = {"case_id": "train/x/base", "kind": "train", "params": {}, "launches": 3,
 @pytest.mark.parametrize("setups", [{0: 0.05, 1: 0.15, 2: 0.01}, {0: 0.2, 1: 0.01, 2: 0.1}, {0: 0.01, 1: 0.01, 2: 0.3}])
 def test_launches_set_up_together_and_measure_alone_in_their_order(setups: dict[int, float]) -> None:
     timeline = Timeline()
-    merged, docs = launches.run_launches({**CASE, "setup_overlap": 3}, fake_workload(timeline, setups))
+    merged, docs = launches.run_launches({**CASE, "setup_overlap": 3},
+                                         fake_workload(timeline, setups, together=threading.Barrier(3)))
     assert merged["status"] == "passed" and len(docs) == 3
     assert timeline.overlaps() == []
     starts = sorted(timeline.measure, key=lambda k: timeline.measure[k][0])
     assert starts == [0, 1, 2]  # measured in launch order, whichever finished its set-up first
-    assert max(s0 for s0, _ in timeline.setup.values()) < min(s1 for _, s1 in timeline.setup.values())  # together
+    assert not timeline.apart  # the three set-ups began together
     assert merged["samples"]["per_launch.tokens_per_s"] == [100.0, 101.0, 102.0]
     assert merged["environment"]["setup_overlap"] == {"batch": 3, "batches": 1, "used": True, "fallback": None}
     assert all(measure_gate.SECTION in (d.get("environment") or {}) for d in docs)
