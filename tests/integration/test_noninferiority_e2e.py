@@ -5,7 +5,7 @@ adds pairs while it is undecided, and `qualify calibrate` gives history mode its
 
 The scenarios of the issue's "Prove it": a 15% drop is never PASS whatever min_samples; a 10% drop with
 ±10% launch noise is never PASS; an identical candidate with ±1% noise PASSes; with ±40% noise it is
-INCOMPLETE, saying how many pairs deciding would need.
+INCOMPLETE, saying how many pairs deciding would need (at the first look, when that is over 4 times the budget).
 """
 
 from __future__ import annotations
@@ -45,6 +45,16 @@ def _manifest(path: Path, tag: str, previous: str | None, figures: list[float], 
     return path
 
 
+def _assert_stopped_for_its_reason(env: dict[str, Any], reason: dict[str, Any]) -> None:
+    """An undecided case stopped at the budget, or before it only for futility; the reason says which."""
+    launches, pairs = env["sequential"]["launches"], env["paired"]["pairs"]
+    assert launches == pairs, env
+    if launches == 8:
+        assert f"{launches} launches: still undecided at the budget" in reason["message"], reason["message"]
+    else:
+        assert 3 <= launches < 8 and "more than 4 times the budget" in reason["message"], reason["message"]
+
+
 def test_paired_scenarios_decide_by_the_interval(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
     code, first = run_json(tmp_path, db, _manifest(tmp_path / "b.yaml", "1.0", None, ONE, baseline="optional"))
@@ -59,12 +69,13 @@ def test_paired_scenarios_decide_by_the_interval(tmp_path: Path) -> None:
         assert "regression shown" in reason["message"] and "could see >=" in reason["message"]
         assert reason["figures"]["change"] == pytest.approx(-0.15, abs=0.02)
 
-    # A 10% drop with ±10% launch noise: never PASS; undecided at the budget of 8 pairs, INCOMPLETE.
+    # A 10% drop with ±10% launch noise: never PASS; undecided, it samples to the budget of 8 pairs or stops
+    # early where deciding would need more than 4 times the budget (futility), INCOMPLETE either way.
     code, out = run_json(tmp_path, db, _manifest(tmp_path / "n.yaml", "1.3", "1.0", TEN, drop=0.10))
     reason = case_regression(out)
     assert out["verdict"] != "PASS" and reason["status"] in ("INCOMPLETE", "FAIL"), out["reasons"]
     env = results(db, out["run_id"])["synthetic/c"]["environment"]
-    assert env["sequential"]["launches"] == 8 and env["paired"]["pairs"] == 8  # it sampled to the budget
+    _assert_stopped_for_its_reason(env, reason)
 
     # Identical with ±1%: PASS (non-inferiority shown at the first look, no extra pair).
     code, out = run_json(tmp_path, db, _manifest(tmp_path / "s.yaml", "1.4", "1.0", ONE))
@@ -72,12 +83,15 @@ def test_paired_scenarios_decide_by_the_interval(tmp_path: Path) -> None:
     assert (code, out["verdict"], reason["status"]) == (0, "PASS", "PASS"), out["reasons"]
     assert "non-inferiority shown" in reason["message"] and "3 pairs" in reason["message"]
 
-    # Identical with ±40%: INCOMPLETE after the budget, with the pairs deciding would need.
+    # Identical with ±40%: INCOMPLETE, with the pairs deciding would need; so wide that it stops at the first
+    # look (deciding needs more than 4 times the budget), not after spending the budget.
     code, out = run_json(tmp_path, db, _manifest(tmp_path / "f.yaml", "1.5", "1.0", FORTY))
     reason = case_regression(out)
     assert (code, out["verdict"], reason["status"]) == (1, "INCOMPLETE", "INCOMPLETE"), out["reasons"]
     assert "deciding needs about" in reason["message"] and "budget 8" in reason["message"]
-    assert "8 launches: still undecided at the budget" in reason["message"]
+    env = results(db, out["run_id"])["synthetic/c"]["environment"]
+    _assert_stopped_for_its_reason(env, reason)
+    assert env["sequential"]["launches"] == 3 and "more than 4 times the budget" in reason["message"]
     shown = run_qualify(["runs", "show", str(out["run_id"]), "--db", db], tmp_path)
     assert shown.returncode == 0 and "deciding needs about" in shown.stdout, shown.stdout
 
