@@ -155,9 +155,12 @@ def _run(order: list[Any], demands: dict[str, Any], planned: dict[str, Any], sca
                 started.append(time.time())
                 handed.set()
 
-            outcome = run_case_on_ray(executor, _sleep_doc(case, seconds), case.resources, timeout_s=10 * seconds + 60,
-                                      on_started=on_started,
-                                      on_submitted=handed.set if release == "submitted" else None)
+            for _attempt in range(2):  # a retryable infra result (a lost worker or item) runs again, as the flow's
+                outcome = run_case_on_ray(executor, _sleep_doc(case, seconds), case.resources,
+                                          timeout_s=10 * seconds + 60, on_started=on_started,
+                                          on_submitted=handed.set if release == "submitted" else None)
+                if not outcome.retryable:
+                    break
             if outcome.doc.get("status") != "passed":
                 errors.append(f"{case.case_id}: {outcome.doc.get('error')}")
             end = time.time()

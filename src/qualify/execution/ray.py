@@ -254,6 +254,60 @@ def _multinode_launches(executor: Executor, case_doc: dict[str, Any], resources:
                          gpu_ids=last.gpu_ids, retryable=last.retryable, command=last.command)
 
 
+# How often a driver thread waiting on a case's stream looks up from it, and how long after the task finished it
+# still waits for an item. Ray (2.60) has lost a streamed item on a busy machine: the task FINISHED, the driver's
+# wait on its first item never returned (tests/integration/test_cluster_sim.py hung in CI until its timeout).
+STREAM_POLL_S = 1.0
+STREAM_LOST_AFTER_S = 15.0
+
+
+class StreamItemLost(Exception):
+    """The case's Ray task finished, but an item it yielded never reached the driver."""
+
+
+@dataclass(frozen=True)
+class _Recovered:
+    result: CaseRunResult  # the first item (the start time) was lost, the second (the result) was not
+
+
+def next_item(stream: Any, *, poll_s: float | None = None, lost_after_s: float | None = None) -> Any:
+    """The stream's next item, waited for in bounded polls: never a wait that a lost item makes endless.
+
+    While the task runs (or queues), the wait goes on, however long. Once the task has finished (its generator's
+    own return object is ready), the item has `lost_after_s` more to arrive; then the start item's loss is
+    recovered from the result item when that one arrived, else StreamItemLost (the caller's retryable infra
+    result). A task that raised surfaces here as Ray raises it; an ended stream raises StopIteration."""
+    poll_s = STREAM_POLL_S if poll_s is None else poll_s
+    lost_after_s = STREAM_LOST_AFTER_S if lost_after_s is None else lost_after_s
+    finished_at: float | None = None
+    while True:
+        ref = stream._next_sync(timeout_s=poll_s)
+        if not ref.is_nil():
+            return ray.get(ref)
+        done, _ = ray.wait([stream._generator_ref], timeout=0, fetch_local=False)
+        if not done:
+            continue  # queued or running: its items are still to come
+        finished_at = finished_at if finished_at is not None else time.monotonic()
+        if time.monotonic() - finished_at < lost_after_s:
+            continue
+        recovered = _item_after_the_missing_one(stream, poll_s)
+        if recovered is not None:
+            return _Recovered(recovered)
+        raise StreamItemLost(f"its task finished {lost_after_s:.0f} s ago, and an item it yielded never reached "
+                             "the driver (Ray lost it on the way)")
+
+
+def _item_after_the_missing_one(stream: Any, timeout_s: float) -> CaseRunResult | None:
+    """When the start item was lost, the result item may not have been: read it by its place in the stream."""
+    try:
+        later = stream._get_next_ref_n(2)[1]
+        ready, _ = ray.wait([later], timeout=timeout_s, fetch_local=True)
+        value = ray.get(later, timeout=timeout_s) if ready else None
+    except Exception:  # noqa: BLE001 - past the stream's end, or lost too: nothing to recover
+        return None
+    return value if isinstance(value, CaseRunResult) else None
+
+
 def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Resources,
                     timeout_s: float, *, baseline: Executor | None = None,
                     baseline_doc: dict[str, Any] | None = None, duet: Any = None,
@@ -289,10 +343,13 @@ def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Res
     if on_submitted is not None:
         on_submitted()
     try:
-        ray.get(next(stream))  # the start time: the task runs now (a task that died first raises here)
+        first = next_item(stream)  # the start time: the task runs now (a task that died first raises here)
         if on_started is not None:
             on_started()
-        return ray.get(next(stream))
+        return first.result if isinstance(first, _Recovered) else next_item(stream)
+    except StreamItemLost as lost:
+        doc = protocol.make_result(case_doc, "error", error_class="infra", error=f"Ray could not run the case: {lost}")
+        return CaseRunResult.failed(doc, retryable=True, exec_s=time.time() - submitted)
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
             ray.exceptions.RaySystemError, ray.exceptions.ObjectLostError,
             ray.exceptions.TaskUnschedulableError, ray.exceptions.RayTaskError) as exc:
