@@ -51,10 +51,13 @@ class StuckStream:
         self._generator_ref = ray.put(None) if finished else _never_ready()
         self._later = later
         self.polls = 0
+        self.ended = False
 
     def _next_sync(self, timeout_s: float) -> Any:
         import ray
 
+        if self.ended:
+            raise StopIteration  # the test is done with it: the waiting thread ends before Ray is shut down
         self.polls += 1
         time.sleep(timeout_s)
         return ray.ObjectRef.nil()
@@ -147,7 +150,12 @@ def test_a_task_still_running_is_waited_for_past_the_grace(local_ray: None) -> N
     deadline = time.monotonic() + 60
     while stream.polls < 20 and time.monotonic() < deadline:  # 20 polls: 10 times the grace
         time.sleep(0.05)
-    assert stream.polls >= 20 and thread.is_alive() and not outcome
+    try:
+        assert stream.polls >= 20 and thread.is_alive() and not outcome
+    finally:
+        stream.ended = True
+        thread.join(timeout=30)
+    assert not thread.is_alive() and isinstance(outcome[0], StopIteration)
 
 
 def _catch(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -173,3 +181,57 @@ def test_a_lost_item_becomes_a_retryable_infra_result(local_ray: None, monkeypat
     assert out.retryable
     assert out.doc["status"] == "error" and out.doc["error_class"] == "infra"
     assert "never reached the driver" in out.doc["error"]
+
+
+SHUTDOWN_PROBE = r"""
+import sys, threading, time
+from qualify.execution.ray import StreamItemLost, next_item, start_ray
+handle = start_ray(num_cpus=1)
+import ray
+
+@ray.remote(num_returns="streaming")
+def long_case():
+    yield time.time()
+    time.sleep(60)
+    yield "never"
+
+stream = long_case.remote()
+print("STARTED", isinstance(next_item(stream, poll_s=0.2), float), flush=True)
+ended = []
+
+def wait() -> None:
+    try:
+        ended.append(next_item(stream, poll_s=0.2))
+    except StreamItemLost as exc:
+        ended.append(f"LOST {exc}")
+
+thread = threading.Thread(target=wait)  # not a daemon: as a case thread of the flow's pool
+thread.start()
+time.sleep(1.0)  # several polls in
+handle.shutdown()  # an interrupted flow's cleanup, the thread still waiting
+thread.join(timeout=30)
+print("ENDED", ended, thread.is_alive(), flush=True)
+time.sleep(1.0)  # had a poll run into the shutdown, Ray would have ended this process by now
+print("ALIVE", flush=True)
+"""
+
+
+def test_a_shutdown_while_a_case_waits_ends_the_wait_and_not_the_process(tmp_path: Any) -> None:
+    """The flow's cleanup shuts Ray down while its case threads poll: a poll that ran into the shutdown would end
+    the process (exit 1, as it ended a CI pytest worker); the gate makes the wait end with a named loss."""
+    import os
+    import subprocess
+    import sys
+
+    from support.paths import REPO
+
+    temp = tempfile.mkdtemp(prefix="qs-")
+    try:
+        res = subprocess.run([sys.executable, "-c", SHUTDOWN_PROBE], cwd=REPO, capture_output=True, text=True,
+                             timeout=240, env={**os.environ, "QUALIFY_RAY_TEMP": temp})
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert "STARTED True" in res.stdout
+    assert "ENDED [\"LOST Ray was shut down before the case's result arrived\"] False" in res.stdout, res.stdout
+    assert "ALIVE" in res.stdout

@@ -8,9 +8,11 @@ and the queue wait (submitted -> started on a worker) is measured apart from exe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,53 @@ from qualify.workloads import protocol
 QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the `qualify` package a remote cluster is sent
 
 
+class DriverCalls:
+    """The driver's case threads' polls of Ray, and the shutdown that must not run beside one.
+
+    A thread that calls into Ray after ray.shutdown() ends the whole process (Ray: "The core worker has already
+    been shutdown ... The process will exit", exit 1: CI lost a pytest worker so). An interrupted flow shuts Ray
+    down while its case threads still wait; so a poll runs only while the gate is open, and close() waits for the
+    polls under way (each at most STREAM_POLL_S) before the shutdown goes on. A closed gate makes a waiting case
+    a retryable infra result that names the shutdown."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._closed: str | None = None  # the Ray session being shut down (its GCS address): another is open
+
+    def open(self) -> None:
+        with self._cond:
+            self._closed = None
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._closed = _session()
+            self._cond.wait_for(lambda: self._active == 0, timeout=timeout_s)
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        with self._cond:
+            if not ray.is_initialized() or (self._closed is not None and self._closed == _session()):
+                raise StreamItemLost("Ray was shut down before the case's result arrived")
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+
+def _session() -> str | None:
+    try:
+        return str(ray.get_runtime_context().gcs_address) if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - a context Ray cannot give: no session to tell apart
+        return None
+
+
+DRIVER_CALLS = DriverCalls()
+
+
 @dataclass(frozen=True)
 class RayHandle:
     address: str | None
@@ -38,6 +87,8 @@ class RayHandle:
     early: bool = False  # started by early_ray's owner thread, which shuts it down
 
     def shutdown(self) -> None:
+        if self.early or self.started_here:
+            DRIVER_CALLS.close()  # no case thread's poll runs into the shutdown
         if self.early:
             early_ray.hand_back()  # in the background: the launcher waits for it at its end
         elif self.started_here and ray.is_initialized():
@@ -48,6 +99,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
     """Join a cluster (address, or QUALIFY_RAY_ADDRESS) or start a local Ray sized to this machine."""
     settings = Settings.load()
     address = address or settings.ray_address or None
+    DRIVER_CALLS.open()
     if address is None and num_cpus is None and early_ray.claim():  # started beside Prefect's start-up
         return RayHandle(None, started_here=True, early=True)
     if ray.is_initialized():
@@ -281,16 +333,18 @@ def next_item(stream: Any, *, poll_s: float | None = None, lost_after_s: float |
     lost_after_s = STREAM_LOST_AFTER_S if lost_after_s is None else lost_after_s
     finished_at: float | None = None
     while True:
-        ref = stream._next_sync(timeout_s=poll_s)
-        if not ref.is_nil():
-            return ray.get(ref)
-        done, _ = ray.wait([stream._generator_ref], timeout=0, fetch_local=False)
+        with DRIVER_CALLS.call():
+            ref = stream._next_sync(timeout_s=poll_s)
+            if not ref.is_nil():
+                return ray.get(ref)
+            done, _ = ray.wait([stream._generator_ref], timeout=0, fetch_local=False)
         if not done:
             continue  # queued or running: its items are still to come
         finished_at = finished_at if finished_at is not None else time.monotonic()
         if time.monotonic() - finished_at < lost_after_s:
             continue
-        recovered = _item_after_the_missing_one(stream, poll_s)
+        with DRIVER_CALLS.call():
+            recovered = _item_after_the_missing_one(stream, poll_s)
         if recovered is not None:
             return _Recovered(recovered)
         raise StreamItemLost(f"its task finished {lost_after_s:.0f} s ago, and an item it yielded never reached "
