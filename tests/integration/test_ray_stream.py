@@ -203,7 +203,7 @@ def wait() -> None:
     try:
         ended.append(next_item(stream, poll_s=0.2))
     except StreamItemLost as exc:
-        ended.append(f"LOST {exc}")
+        ended.append(f"LOST {exc} retryable={exc.retryable}")
 
 thread = threading.Thread(target=wait)  # not a daemon: as a case thread of the flow's pool
 thread.start()
@@ -233,5 +233,23 @@ def test_a_shutdown_while_a_case_waits_ends_the_wait_and_not_the_process(tmp_pat
         shutil.rmtree(temp, ignore_errors=True)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert "STARTED True" in res.stdout
-    assert "ENDED [\"LOST Ray was shut down before the case's result arrived\"] False" in res.stdout, res.stdout
+    assert ("ENDED [\"LOST Ray was shut down before the case's result arrived retryable=False\"] False"
+            in res.stdout), res.stdout
     assert "ALIVE" in res.stdout
+
+
+def test_a_shutdown_loss_is_not_retried(local_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case whose wait ended because Ray was shut down is not retried: the retry's submission would start a
+    Ray of its own in a process that is stopping."""
+    from qualify.execution import ray as ray_backend
+    from qualify.executors import LocalExecutor
+    from qualify.manifest import Resources
+
+    def shut(stream: Any, **_kw: Any) -> Any:
+        raise ray_backend.StreamItemLost("Ray was shut down before the case's result arrived", retryable=False)
+
+    monkeypatch.setattr(ray_backend, "next_item", shut)
+    case = {"protocol": 1, "case_id": "synthetic/shut", "kind": "synthetic", "launches": 1, "timeout_s": 60,
+            "params": {"samples": {}, "steps": 1, "step_work": 1000}, "env": {}}
+    out = ray_backend.run_case_on_ray(LocalExecutor(), case, Resources(cpus=1), 60)
+    assert not out.retryable and out.doc["error_class"] == "infra" and "shut down" in out.doc["error"]

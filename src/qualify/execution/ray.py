@@ -40,7 +40,7 @@ class DriverCalls:
     been shutdown ... The process will exit", exit 1: CI lost a pytest worker so). An interrupted flow shuts Ray
     down while its case threads still wait; so a poll runs only while the gate is open, and close() waits for the
     polls under way (each at most STREAM_POLL_S) before the shutdown goes on. A closed gate makes a waiting case
-    a retryable infra result that names the shutdown."""
+    an infra result that names the shutdown, not retried (a retry would start a Ray of its own)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -60,7 +60,7 @@ class DriverCalls:
     def call(self) -> Iterator[None]:
         with self._cond:
             if not ray.is_initialized() or (self._closed is not None and self._closed == _session()):
-                raise StreamItemLost("Ray was shut down before the case's result arrived")
+                raise StreamItemLost("Ray was shut down before the case's result arrived", retryable=False)
             self._active += 1
         try:
             yield
@@ -314,7 +314,12 @@ STREAM_LOST_AFTER_S = 15.0
 
 
 class StreamItemLost(Exception):
-    """The case's Ray task finished, but an item it yielded never reached the driver."""
+    """The case's Ray task finished, but an item it yielded never reached the driver (retryable); or Ray was shut
+    down while the driver waited (not retryable: a retry would start Ray again in a process that is stopping)."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
@@ -403,7 +408,7 @@ def run_case_on_ray(executor: Executor, case_doc: dict[str, Any], resources: Res
         return first.result if isinstance(first, _Recovered) else next_item(stream)
     except StreamItemLost as lost:
         doc = protocol.make_result(case_doc, "error", error_class="infra", error=f"Ray could not run the case: {lost}")
-        return CaseRunResult.failed(doc, retryable=True, exec_s=time.time() - submitted)
+        return CaseRunResult.failed(doc, retryable=lost.retryable, exec_s=time.time() - submitted)
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
             ray.exceptions.RaySystemError, ray.exceptions.ObjectLostError,
             ray.exceptions.TaskUnschedulableError, ray.exceptions.RayTaskError) as exc:
