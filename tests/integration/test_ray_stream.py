@@ -213,12 +213,16 @@ thread.join(timeout=30)
 print("ENDED", ended, thread.is_alive(), flush=True)
 time.sleep(1.0)  # had a poll run into the shutdown, Ray would have ended this process by now
 print("ALIVE", flush=True)
+handle = start_ray(num_cpus=1)  # a later run in the same process (a Prefect worker's next flow) polls its own Ray
+print("AGAIN", isinstance(next_item(long_case.remote(), poll_s=0.2), float), flush=True)
+handle.shutdown()
 """
 
 
 def test_a_shutdown_while_a_case_waits_ends_the_wait_and_not_the_process(tmp_path: Any) -> None:
     """The flow's cleanup shuts Ray down while its case threads poll: a poll that ran into the shutdown would end
-    the process (exit 1, as it ended a CI pytest worker); the gate makes the wait end with a named loss."""
+    the process (exit 1, as it ended a CI pytest worker); the gate makes the wait end with a named loss. The next
+    Ray started in that process is polled again (the gate closes one session, not the process)."""
     import os
     import subprocess
     import sys
@@ -236,6 +240,7 @@ def test_a_shutdown_while_a_case_waits_ends_the_wait_and_not_the_process(tmp_pat
     assert ("ENDED [\"LOST Ray was shut down before the case's result arrived retryable=False\"] False"
             in res.stdout), res.stdout
     assert "ALIVE" in res.stdout
+    assert "AGAIN True" in res.stdout, res.stdout + res.stderr[-3000:]
 
 
 def test_a_shutdown_loss_is_not_retried(local_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
