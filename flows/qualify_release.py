@@ -198,6 +198,9 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
                 logger.info("resuming: %d of %d cases still need a result", len(pending), len(ctx.cases))
             progress_id = progress_artifact_task(ctx, ctx.progress.done, ctx.progress.total)
             outcomes = _run_cases(ctx, pending, progress_id, logger)
+        # Nothing after the cases uses Ray: its shutdown (1-1.5 s here; early Ray's in its owner thread) overlaps
+        # the gate, the report and the flow run's end instead of following them.
+        ray_handle.shutdown()
 
         database_identity.confirm(sessions, identity)  # a vanished or replaced database never gets a verdict
         with ctx.timed_stage("gate"):

@@ -324,3 +324,18 @@ def test_a_live_run_still_blocks_its_digest(tmp_path: Path) -> None:
         repo.attach_candidate(s, s.get(Run, first.run_id), image, stale=pipeline.driver_gone)
         with pytest.raises(repo.RunConflict, match="still running"):
             repo.attach_candidate(s, s.get(Run, second.run_id), image, stale=pipeline.driver_gone)
+
+
+def test_a_ray_handle_shuts_down_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flow shuts Ray down right after its cases and again on its way out: the second call must not close the
+    driver's gate again (that asks Ray for its session while the owner thread shuts it down) nor hand Ray back."""
+    from qualify.execution import early_ray
+    from qualify.execution import ray as qray
+
+    calls: list[str] = []
+    monkeypatch.setattr(qray.DRIVER_CALLS, "close", lambda: calls.append("close"))
+    monkeypatch.setattr(early_ray, "hand_back", lambda: calls.append("hand_back"))
+    handle = qray.RayHandle(None, started_here=True, early=True)
+    handle.shutdown()
+    handle.shutdown()
+    assert calls == ["close", "hand_back"] and handle.shut_down

@@ -80,13 +80,20 @@ def _session() -> str | None:
 DRIVER_CALLS = DriverCalls()
 
 
-@dataclass(frozen=True)
+@dataclass
 class RayHandle:
     address: str | None
     started_here: bool
     early: bool = False  # started by early_ray's owner thread, which shuts it down
+    shut_down: bool = False
 
     def shutdown(self) -> None:
+        """Once: the flow shuts Ray down right after its cases, and again (a no-op) on its way out. A second
+        close would ask Ray for its session while the owner thread shuts it down, and a Ray call after its
+        shutdown ends the process (DriverCalls)."""
+        if self.shut_down:
+            return
+        self.shut_down = True
         if self.early or self.started_here:
             DRIVER_CALLS.close()  # no case thread's poll runs into the shutdown
         if self.early:
