@@ -133,7 +133,7 @@ def _alone_test(request: pytest.FixtureRequest, _machine_share):
         yield
 
 
-def _group(item: pytest.Item) -> int:
+def _order(item: pytest.Item) -> int:
     """Unit tests first (the fast answer), then the integration tests, then those that need container images, the
     vLLM image's last: the images build meanwhile (`.ci/run` starts scripts/base-image.sh and scripts/vllm-image.sh
     beside the suite; a test's own call of the script waits on the script's lock and finds the image made)."""
@@ -145,13 +145,9 @@ def _group(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test is `unit` or `integration` by the folder it lives in (`-m unit` is the fast path). The order: by
-    _group; within a group, the modules with an `alone` test first, back to back (files and tests as written
-    otherwise). An `alone` module waits for the other worker's current module to end, and that worker then waits
-    for it: met one by one between long shared modules, those waits took minutes of the suite; back to back, after
-    the short modules before them, they are paid about once per group."""
+    """Every test is `unit` or `integration` by the folder it lives in (`-m unit` is the fast path); the order
+    is _order's (stable within each group: files and tests as written)."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         item.add_marker(pytest.mark.unit if "unit" in parts else pytest.mark.integration)
-    alone_files = {str(item.fspath) for item in items if item.get_closest_marker("alone")}
-    items[:] = sorted(items, key=lambda item: (_group(item), 0 if str(item.fspath) in alone_files else 1))
+    items[:] = sorted(items, key=_order)
