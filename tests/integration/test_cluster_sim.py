@@ -4,22 +4,52 @@ them. The GPUs are declared, not present: what is tested is the scheduling, whic
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 from support.paths import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
-def test_the_release_matrix_runs_on_a_simulated_4x8_gpu_cluster_close_to_its_lower_bound(tmp_path: Path) -> None:
-    import cluster_sim
+@dataclass(frozen=True)
+class _Case:
+    case_id: str
+    nodes: tuple[str, ...]
+    start_s: float
+    end_s: float
 
+
+@dataclass(frozen=True)
+class _Simulation:
+    line: str
+    ratio: float
+    cases: list[_Case]
+
+
+def _simulate(scale: float) -> _Simulation:
+    """benchmarks/cluster_sim.py in a process of its own, whose only Ray session is the simulated cluster's. In this
+    test process, after other tests' Ray sessions, the cluster's workers once had every streamed item refused by
+    the driver ("Failed to report streaming generator return ... InvalidAuthToken" in their logs): Ray's
+    authentication state of a process is set by its first session, and the cluster this test joins was started
+    afresh by another process."""
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cluster_sim.py"),
+                          str(REPO / "releases" / "training-xpu-pytorch-25.05.yaml"), "--nodes", "4",
+                          "--gpus-per-node", "8", "--cpus-per-node", "64", "--scale", str(scale), "--json"],
+                         capture_output=True, text=True, timeout=850, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    cases = [_Case(c["case_id"], tuple(c["nodes"]), c["start_s"], c["end_s"]) for c in doc["cases"]]
+    return _Simulation(doc["line"], doc["ratio"], cases)
+
+
+def test_the_release_matrix_runs_on_a_simulated_4x8_gpu_cluster_close_to_its_lower_bound() -> None:
     scale = 0.003  # 1,830 planned seconds -> 5.5 s of sleep
-    sim = cluster_sim.simulate(REPO / "releases" / "training-xpu-pytorch-25.05.yaml", 4, 8, 64, scale, tmp_path)
-    print(sim.line())
+    sim = _simulate(scale)
+    print(sim.line)
     assert len(sim.cases) == 26  # 12 training, 12 inference, 2 against the reference image (gate.reference)
     nodes_used = {n for c in sim.cases for n in c.nodes}
     assert len(nodes_used) == 4  # every node got work
@@ -36,4 +66,4 @@ def test_the_release_matrix_runs_on_a_simulated_4x8_gpu_cluster_close_to_its_low
     # machine's load (1.26 measured beside the whole suite): the benchmark, at a larger scale, measures the ratio
     # the issue asks (<= 1.15: 1.085 at scale 0.01). This bounds what no load explains: the cases one after the
     # other would be 4.1.
-    assert sim.ratio < 2.0, sim.line()
+    assert sim.ratio < 2.0, sim.line
