@@ -359,8 +359,10 @@ def next_item(stream: Any, *, poll_s: float | None = None, lost_after_s: float |
             recovered = _item_after_the_missing_one(stream, poll_s)
         if recovered is not None:
             return _Recovered(recovered)
+        # Seen: a worker whose report of the item the driver refused ("Failed to report streaming generator
+        # return ... InvalidAuthToken" in the worker's log: the two disagreed on Ray's authentication).
         raise StreamItemLost(f"its task finished {lost_after_s:.0f} s ago, and an item it yielded never reached "
-                             "the driver (Ray lost it on the way)")
+                             "the driver (lost or refused on the way: the Ray workers' logs say which)")
 
 
 def _item_after_the_missing_one(stream: Any, timeout_s: float) -> CaseRunResult | None:
