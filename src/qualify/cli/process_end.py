@@ -5,8 +5,8 @@ teardown, after the last exit handler (every module's globals cleared, the heap 
 static destructors), took 0.55-0.65 s here, and nothing in it is the user's. `end_now` runs what an interpreter
 exit runs that matters, in the interpreter's own order: threading's exit callbacks (Prefect's log and event
 services drain there) and the non-daemon threads joined, then atexit's handlers (Prefect's temporary server's
-stop, Ray's shutdown, logging's flush); then it flushes stdout and stderr and ends the process with os._exit. Only the console script uses it: an in-process caller (a
-test's CliRunner) keeps the normal exit.
+stop, Ray's shutdown, logging's flush); then it flushes stdout and stderr and ends the process with os._exit.
+Only the console script uses it: an in-process caller (a test's CliRunner) keeps the normal exit.
 """
 
 from __future__ import annotations
