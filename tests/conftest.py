@@ -123,14 +123,36 @@ def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         share.close()
 
 
+_NEXT_ITEM = pytest.StashKey["pytest.Item | None"]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    item.stash[_NEXT_ITEM] = nextitem  # _alone_test: does this worker's next test keep the machine?
+    return (yield)
+
+
+def _alone_in_shared_module(item: pytest.Item) -> bool:
+    return any(m.name == "alone" for m in item.own_markers)
+
+
 @pytest.fixture(autouse=True)
 def _alone_test(request: pytest.FixtureRequest, _machine_share):
-    """A test marked `alone` in a module that shares the machine has it to itself while it runs."""
-    if _machine_share is None or not any(m.name == "alone" for m in request.node.own_markers):
+    """A test marked `alone` in a module that shares the machine has it to itself while it runs. The spell lasts
+    over the module's consecutive `alone` tests (each hand-over would wait for the other worker's next module),
+    and after the module's last test until the module lets go (taking a shared hold back first would wait for
+    whatever `alone` module the other worker queued meanwhile)."""
+    if _machine_share is None or not _alone_in_shared_module(request.node):
         yield
         return
-    with _machine_share.alone_for_a_while():
+    _machine_share.begin_alone_spell()
+    try:
         yield
+    finally:
+        following = request.node.stash.get(_NEXT_ITEM, None)
+        if following is not None and following.module is request.node.module and \
+                not _alone_in_shared_module(following):
+            _machine_share.end_alone_spell()
 
 
 def _order(item: pytest.Item) -> int:

@@ -25,8 +25,9 @@ from support.flows import db_rows, results, run_qualify
 from support.listeners import ListenerSampler, environ_has, processes_with
 from support.ray_cluster import CLIENT_ENV, LocalCluster, loopback_cluster
 
-# alone: under -n 2 this module has the machine to itself (how fast a peer's failure stops the other node: tests/support/machine_share.py).
-pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.ray, pytest.mark.workload]
+# Shares the machine under -n 2: its time bounds (a peer's failure stops the other node well inside a third of the
+# case timeout; the hung ranks' processes gone within 30 s) held with two busy processes beside it.
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.workload]
 
 # Few steps, one thread per rank: the test checks the launch, not speed (2 cores for 2 nodes).
 QUICK = {"seq_len": 64, "micro_batch": 2, "steps": 2, "warmup_steps": 1, "repeats": 1, "num_threads": 1,

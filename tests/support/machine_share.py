@@ -27,6 +27,7 @@ class MachineShare:
         folder.mkdir(parents=True, exist_ok=True)
         self._turnstile = open(folder / "turnstile", "a+b")  # noqa: SIM115 - held across the module's tests
         self._machine = open(folder / "machine", "a+b")  # noqa: SIM115
+        self._in_spell = False
 
     def shared(self) -> None:
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
@@ -48,13 +49,29 @@ class MachineShare:
         self._turnstile.close()
         self._machine.close()
 
-    @contextlib.contextmanager
-    def alone_for_a_while(self) -> Iterator[None]:
-        """A shared holder's exclusive spell (an `alone` test of a shared module)."""
+    def begin_alone_spell(self) -> None:
+        """A shared holder's exclusive spell begins (an `alone` test of a shared module); within a spell, a no-op:
+        consecutive `alone` tests of one module keep the machine, rather than hand it to the other worker between
+        them and wait for that worker's whole next module (tests/conftest.py ends the spell after the last)."""
+        if self._in_spell:
+            return
         self.release()
         self.alone()
+        self._in_spell = True
+
+    def end_alone_spell(self) -> None:
+        """Back to a shared hold after a spell (a no-op outside one)."""
+        if not self._in_spell:
+            return
+        self.release()
+        self.shared()
+        self._in_spell = False
+
+    @contextlib.contextmanager
+    def alone_for_a_while(self) -> Iterator[None]:
+        """One exclusive spell around a block."""
+        self.begin_alone_spell()
         try:
             yield
         finally:
-            self.release()
-            self.shared()
+            self.end_alone_spell()

@@ -69,3 +69,28 @@ def test_two_shared_holders_run_together_and_an_alone_spell_excludes_the_other(t
     a.shared()  # b holds it shared again after its spell: a shares again at once
     a.close()
     b.close()
+
+
+def test_consecutive_spells_keep_the_machine_and_the_other_shares_only_after_the_last(tmp_path: Path) -> None:
+    a, b = MachineShare(tmp_path), MachineShare(tmp_path)
+    a.shared()
+    b.shared()
+    a.release()  # a's module ended; its next one will ask for a shared hold
+    b.begin_alone_spell()  # b's first alone test
+    got = threading.Event()
+
+    def a_next_module() -> None:
+        a.shared()
+        got.set()
+
+    thread = threading.Thread(target=a_next_module)
+    thread.start()
+    assert not got.wait(0.3)  # a waits while b's spell lasts
+    b.begin_alone_spell()  # b's second alone test: still its spell, no hand-over in between
+    assert not got.wait(0.3)
+    b.end_alone_spell()  # b's next test shares again: a gets in beside it
+    assert _soon(got)
+    thread.join()
+    b.end_alone_spell()  # outside a spell: a no-op (b still holds it shared, beside a)
+    a.close()
+    b.close()
