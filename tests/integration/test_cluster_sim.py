@@ -20,10 +20,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 def _simulate(scale: float) -> tuple[str, float, list[CaseTiming]]:
     """benchmarks/cluster_sim.py in a process of its own, whose only Ray session is the simulated cluster's. In this
     test process, after other tests' Ray sessions, the cluster's workers once had every streamed item refused by
-    the driver ("Failed to report streaming generator return ... InvalidAuthToken" in their logs): a local
-    `ray.init()` turns token authentication on in its process for good, and the support cluster then ran without
-    it. The support cluster now runs with it (tests/support/ray_cluster.py, test_ray_auth_mix.py); a process of
-    its own keeps this test's timing apart from whatever else the worker process hosted."""
+    the driver ("Failed to report streaming generator return ... InvalidAuthToken" in their logs): Ray's
+    authentication state of a process is set by its first session, and the cluster this test joins was started
+    afresh by another process."""
     res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cluster_sim.py"),
                           str(REPO / "releases" / "training-xpu-pytorch-25.05.yaml"), "--nodes", "4",
                           "--gpus-per-node", "8", "--cpus-per-node", "64", "--scale", str(scale), "--json"],

@@ -9,13 +9,6 @@ see execution.ray.bind_local_cluster_to_loopback) makes `ray start --address` re
 node. `ray.cluster_utils.Cluster` adds nodes without that refusal, so a helper process holds
 such a cluster in single-machine mode until its stdin closes. A client of it needs the same
 mode (CLIENT_ENV), as a client of any cluster needs that cluster's settings.
-
-Token authentication on, for the cluster and its clients (CLIENT_ENV), with the user's token
-(~/.ray/auth_token, made if missing): a local `ray.init()` turns it on in its process for good (Ray
-caches the mode in the process), while `Cluster` alone leaves it off. A pytest worker that had started
-a local Ray before then joined a cluster without it, and the driver refused every worker's report of a
-streamed item ("Missing authorization header"; the workers: "InvalidAuthToken"), which the driver's
-bounded wait named lost items (tests/integration/test_ray_auth_mix.py).
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-CLIENT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+CLIENT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 START_TIMEOUT_S = 240
 
 _HOLDER = r"""
@@ -68,7 +61,6 @@ class LocalCluster:
 def loopback_cluster(log: Path, head: dict[str, Any], nodes: list[dict[str, Any]]) -> Iterator[LocalCluster]:
     """A head and one node per entry of nodes (Cluster.add_node arguments: num_cpus, resources...)."""
     env = {**os.environ, **CLIENT_ENV}
-    ensure_auth_token(env)
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-c", _HOLDER, json.dumps({"head": head, "nodes": nodes})],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
@@ -78,14 +70,6 @@ def loopback_cluster(log: Path, head: dict[str, Any], nodes: list[dict[str, Any]
         yield LocalCluster(address, proc.pid)
     finally:
         _stop(proc)
-
-
-def ensure_auth_token(env: dict[str, str]) -> None:
-    """The user's Ray token, made once if missing (`ray get-auth-token --generate`), as `ray.init()` makes it."""
-    if env.get("RAY_AUTH_TOKEN") or Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").is_file():
-        return
-    subprocess.run([str(Path(sys.executable).with_name("ray")), "get-auth-token", "--generate"], env=env,
-                   check=True, capture_output=True, timeout=120)
 
 
 def _read_address(proc: subprocess.Popen[bytes], log: Path) -> str:
