@@ -14,10 +14,8 @@ flock(2): released by the kernel if a worker dies.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 from pathlib import Path
-from typing import Iterator
 
 
 class MachineShare:
@@ -66,12 +64,3 @@ class MachineShare:
         self.release()
         self.shared()
         self._in_spell = False
-
-    @contextlib.contextmanager
-    def alone_for_a_while(self) -> Iterator[None]:
-        """One exclusive spell around a block."""
-        self.begin_alone_spell()
-        try:
-            yield
-        finally:
-            self.end_alone_spell()

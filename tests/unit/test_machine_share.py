@@ -57,8 +57,9 @@ def test_two_shared_holders_run_together_and_an_alone_spell_excludes_the_other(t
     entered = threading.Event()
 
     def spell() -> None:
-        with b.alone_for_a_while():
-            entered.set()
+        b.begin_alone_spell()
+        entered.set()
+        b.end_alone_spell()
 
     thread = threading.Thread(target=spell)
     thread.start()
