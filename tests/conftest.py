@@ -38,6 +38,10 @@ def _environment_restored_after_each_test():
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+        if "ray" in sys.modules:  # and Ray's cached config (its authentication mode) re-read from it
+            from qualify.execution import ray_auth
+
+            ray_auth.refresh()
 
 
 def postgres_available() -> bool:

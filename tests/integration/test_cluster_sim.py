@@ -21,10 +21,12 @@ def _simulate(scale: float) -> tuple[str, float, list[CaseTiming]]:
     """benchmarks/cluster_sim.py in a process of its own, whose only Ray session is the simulated cluster's. In this
     test process, after other tests' Ray sessions, the cluster's workers once had every streamed item refused by
     the driver ("Failed to report streaming generator return ... InvalidAuthToken" in their logs). The cause: a
-    process caches Ray's authentication mode for good (a local `ray.init()` turns token authentication on; the
-    conftest restores only the environment), while the support cluster runs in the mode its fresh process reads
-    from the environment. Forcing one mode on both failed the other order (a process that had cached "off" could
-    not join: test_cluster_build in CI), so a process of its own it is, whose only Ray session is the one it joins."""
+    local `ray.init()` turns token authentication on for its process (the environment, Ray's cached config and
+    token), and the conftest then restored the environment alone: a driver whose cached state said token while
+    its environment did not. Now a local Ray gives the process back at its shutdown and a join re-reads the state
+    (execution/ray_auth.py, tests/integration/test_ray_auth.py), and the conftest re-reads it after restoring
+    the environment; the simulation still runs in a process of its own, whose only Ray session is the one it
+    joins, as a benchmark run is."""
     res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cluster_sim.py"),
                           str(REPO / "releases" / "training-xpu-pytorch-25.05.yaml"), "--nodes", "4",
                           "--gpus-per-node", "8", "--cpus-per-node", "64", "--scale", str(scale), "--json"],

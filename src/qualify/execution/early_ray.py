@@ -73,6 +73,9 @@ class _Owner:
 
             if ray.is_initialized():
                 ray.shutdown()
+            from qualify.execution import ray_auth
+
+            ray_auth.restore()  # the local Ray's token mode does not outlive it (execution/ray_auth.py)
 
 
 _lock = threading.Lock()

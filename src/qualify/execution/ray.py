@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import ray
 
 from qualify.errors import InfraError
-from qualify.execution import early_ray, launches, setup_overlap
+from qualify.execution import early_ray, launches, ray_auth, setup_overlap
 from qualify.execution.node_facts import gpu_ids_of
 from qualify.execution.result import CaseRunResult, node_fits, node_share
 from qualify.executors import Executor
@@ -100,6 +100,7 @@ class RayHandle:
             early_ray.hand_back()  # in the background: the launcher waits for it at its end
         elif self.started_here and ray.is_initialized():
             ray.shutdown()
+            ray_auth.restore()  # a local Ray's token mode does not outlive it (execution/ray_auth.py)
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHandle:
@@ -120,6 +121,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
         # the console, and what ray.init raises becomes an InfraError naming the address.
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
         _check_reachable(address)
+        ray_auth.refresh()  # the mode the environment says, not one an earlier local Ray left cached
         try:
             ray.init(address=address, log_to_driver=True, ignore_reinit_error=True, configure_logging=False,
                      runtime_env={"py_modules": [str(QUALIFY_PACKAGE_DIR)]})
@@ -139,9 +141,14 @@ def start_local_ray(num_cpus: int | None = None, settings: Settings | None = Non
     bind_local_cluster_to_loopback()
     temp = settings.ray_temp_dir or Path(tempfile.gettempdir()) / "qualify-ray"
     temp.mkdir(parents=True, exist_ok=True)
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
-             _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
-             configure_logging=False)
+    ray_auth.remember()  # ray.init turns token authentication on for the process: put back at its shutdown
+    try:
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
+                 _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
+                 configure_logging=False)
+    except BaseException:
+        ray_auth.restore()
+        raise
 
 
 def _check_reachable(address: str, timeout_s: float = 15.0) -> None:

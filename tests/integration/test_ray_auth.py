@@ -1,0 +1,85 @@
+"""A process that ran a local Ray and then joins a cluster without token authentication (execution/ray_auth.py).
+
+A local ray.init() turns token authentication on for its whole process, and nothing turned it off at shutdown: a
+long-lived process (a Prefect worker, a test worker) that had run a flow on a local Ray then joined such a cluster
+as a token-mode driver, refused the workers' reports, and lost every streamed case result ("lost or refused on
+the way"; the workers' logs: InvalidAuthToken). What test_cluster_sim met in a pytest worker. Runs in a fresh
+process of its own, so that the order is the test's and not the suite's: the product's local Ray started in place
+and, as `qualify run` starts it, in the background; each shut down; then a join of the support cluster, whose
+streaming task must deliver all its items."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+SCRIPT = r"""
+import json, os, pathlib, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import ray
+from qualify.execution import early_ray, ray_auth
+from qualify.execution.ray import start_local_ray, start_ray
+from support.ray_cluster import CLIENT_ENV, loopback_cluster
+
+seen = {"before": [ray_auth.token_mode_cached(), os.environ.get("RAY_AUTH_MODE")]}
+handle = start_ray(num_cpus=1)                       # the product's local Ray, started in place
+seen["local up"] = [ray_auth.token_mode_cached(), os.environ.get("RAY_AUTH_MODE")]
+handle.shutdown()
+seen["local down"] = [ray_auth.token_mode_cached(), os.environ.get("RAY_AUTH_MODE")]
+early_ray.start_in_background(lambda: start_local_ray(1))   # as `qualify run` starts it, beside Prefect
+handle = start_ray()
+seen["early up"] = [ray_auth.token_mode_cached(), os.environ.get("RAY_AUTH_MODE")]
+handle.shutdown()
+early_ray.stop()
+seen["early down"] = [ray_auth.token_mode_cached(), os.environ.get("RAY_AUTH_MODE")]
+
+@ray.remote(num_returns="streaming")
+def items(n):
+    for k in range(n):
+        yield k
+
+os.environ.update(CLIENT_ENV)                        # a client of the support cluster (no token authentication)
+log = pathlib.Path(tempfile.mkdtemp(prefix="qs-auth-")) / "cluster.log"
+with loopback_cluster(log, {"num_cpus": 1}, [{"num_cpus": 1}]) as cluster:
+    handle = start_ray(address=cluster.address)      # the product's join
+    got = []
+    stream = items.remote(3)
+    for _ in range(3):
+        ready, _ = ray.wait([stream], timeout=60, fetch_local=True)   # a refused item never arrives
+        if not ready:
+            break
+        got.append(ray.get(next(stream)))
+    handle.shutdown()
+seen["got"] = got
+print(json.dumps(seen))
+"""
+
+
+def test_a_process_that_ran_a_local_ray_joins_a_cluster_without_tokens_and_gets_its_streamed_items() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
+    env["QUALIFY_RAY_TEMP"] = temp = tempfile.mkdtemp(prefix="qs-")  # short: Ray's socket paths have a limit
+    try:
+        run = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO / "tests")], capture_output=True, text=True,
+                             env=env, timeout=600, cwd=REPO)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["before"] == [False, None]
+    # The premise: a local Ray turns token authentication on for the process (else this test proves nothing) ...
+    assert seen["local up"] == [True, "token"] and seen["early up"] == [True, "token"], seen
+    # ... and its shutdown gives the process back as it was, whichever way it was started.
+    assert seen["local down"] == [False, None] and seen["early down"] == [False, None], seen
+    assert seen["got"] == [0, 1, 2], run.stderr[-4000:]
