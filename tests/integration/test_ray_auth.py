@@ -1,9 +1,10 @@
 """A process that ran a local Ray and then joins a cluster without token authentication (execution/ray_auth.py).
 
-A local ray.init() turns token authentication on for its whole process, and nothing turned it off at shutdown: a
-long-lived process (a Prefect worker, a test worker) that had run a flow on a local Ray then joined such a cluster
-as a token-mode driver, refused the workers' reports, and lost every streamed case result ("lost or refused on
-the way"; the workers' logs: InvalidAuthToken). What test_cluster_sim met in a pytest worker. Runs in a fresh
+A local ray.init() turns token authentication on for its whole process (environment, cached config, cached token),
+and nothing turned it off at shutdown. Once the environment changed back (the conftest restores it) while the
+cache still said token, a cluster the process joined had its workers' reports refused, and every streamed case
+result was lost ("lost or refused on the way"; the workers' logs: InvalidAuthToken): what test_cluster_sim met in
+a pytest worker. Runs in a fresh
 process of its own, so that the order is the test's and not the suite's: the product's local Ray started in place
 and, as `qualify run` starts it, in the background; each shut down; then a join of the support cluster, whose
 streaming task must deliver all its items."""

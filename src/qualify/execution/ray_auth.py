@@ -1,19 +1,20 @@
-"""Ray's authentication mode in a process that starts a local Ray and later joins a cluster.
+"""Ray's authentication state in a process that starts a local Ray and later joins a cluster.
 
-A local `ray.init()` turns token authentication on for its whole process: it sets RAY_AUTH_MODE=token in
-os.environ and re-reads Ray's process-wide config (ray._raylet.Config), which then holds token mode. Nothing
-turns it off again at ray.shutdown(). A long-lived process (a Prefect worker, a test worker) that ran a flow on
-a local Ray and then joins a cluster started without token authentication is a token-mode driver there: the
-cluster's workers' reports lack the token it expects, and it refuses them ("Missing authorization header"; the
-workers log InvalidAuthToken). A case's streamed items then never arrive, and the run reports them lost.
+A local `ray.init()` turns token authentication on for its whole process, in three places: RAY_AUTH_MODE=token
+in os.environ, Ray's process-wide config (ray._raylet.Config) re-read to token mode, and the token cached
+(AuthenticationTokenLoader). Nothing turns them off at ray.shutdown(). What then failed was a mixed state: once
+the environment changed back (the suite's conftest restores it after each test) while the config or the token
+cache still said token, a cluster without token authentication that the process joined had its workers' reports
+refused ("Missing authorization header"; the workers log InvalidAuthToken): the case's streamed items never
+arrived, and the run reported them lost. (With all three left as Ray left them, such a join worked here.)
 
-So a local Ray started here gives the process back as it found it: `remember` before the start records the
-mode the environment had, `restore` after its shutdown puts it back and re-reads Ray's config. And a join
-re-reads the config from the environment first (`refresh`), so that whatever changed the environment since
-(a test's restored environment, the user's own setting) is what the driver uses.
+So a local Ray started here gives the process back as it found it: `remember` before the start records the mode
+the environment had; `restore` after its shutdown puts it back and re-reads the config and the token cache
+(`refresh`). A join re-reads them from the environment first, so that whatever changed the environment since (a
+test's restored environment, the user's own setting) is what the driver uses.
 
-Config.initialize is Ray's private API (Ray is pinned >=2.60,<3); where it is missing, only the environment is
-put back, as before this module.
+Config.initialize and AuthenticationTokenLoader.reset_cache are Ray's private API (Ray is pinned >=2.60,<3);
+where they are missing, only the environment is put back.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def remember() -> None:
 
 def restore() -> None:
     """After the local Ray's ray.shutdown(): the environment's mode as it was before the start, and Ray's
-    process-wide config re-read from it. Nothing when no start was remembered or Ray is still up."""
+    config and token cache re-read from it (refresh: not while Ray is up). Nothing when no start was
+    remembered."""
     global _before
     with _lock:
         before, _before = _before, None
