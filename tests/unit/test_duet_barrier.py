@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,18 @@ import pytest
 from qualify.workloads import duet, synthetic
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _threads_switch_often():
+    """The two sides are threads of one process here, and a side's busy wait (its filler, pure Python) holds the
+    GIL: the other side's every blocking call then waits out the interpreter's switch interval (5 ms) to get it
+    back, and with the handler pinning both threads to one core a 4-step duet took 8-30 s (real sides are two
+    processes: no GIL between them). A 0.1 ms interval: the same test in 0.01 s."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    yield
+    sys.setswitchinterval(before)
 
 
 def _side(directory: Path, side: int, steps: int, out: dict, jitter_s: float = 0.004) -> None:
