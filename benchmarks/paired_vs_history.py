@@ -2,6 +2,7 @@
 
     python benchmarks/paired_vs_history.py [--reps N] [--modes history,paired,duet] [--slowdown 0.10]
                                            [--burn-every 2] [--out DIR] [--prefect server|ephemeral]
+                                           [--cases identical,slowed]
 
 1. Qualifies the previous release once ("0.9"): the smoke training case (tiny-llama, base) as two models, `same`
    and `slowed`, 3 launches each. This run is the history baseline and, being a PASS, the environment that
@@ -21,7 +22,9 @@ one thread), so that a duet (two sides) fits this 2-core machine. Prints each ru
 
     history: identical P/I/F, slowed P/I/F; paired: identical P/I/F, slowed P/I/F; duet: identical P/I/F, slowed P/I/F; median launches h/p/d; median wall s h/p/d
 
-(launches: the process launches of one case, both sides counted; wall: one `qualify run` of both cases).
+(launches: the process launches of one case, both sides counted; wall: one `qualify run` of both cases). With
+`--cases identical` (or `slowed`) each run qualifies that case alone: what one run of a case costs in each mode
+(with both, a history run's two 1-CPU cases share the two cores, while a duet case holds both).
 """
 
 from __future__ import annotations
@@ -44,10 +47,13 @@ QUALIFY = str(Path(sys.executable).with_name("qualify"))
 POLICY = {"max_regression": 0.05, "alpha": 0.05, "min_samples": 3}
 
 
-def manifest(path: Path, tag: str, previous: str | None, *, mode: str, slowdown: float) -> Path:
+def manifest(path: Path, tag: str, previous: str | None, *, mode: str, slowdown: float,
+             cases: tuple[str, ...] = ("identical", "slowed")) -> Path:
     slowed: dict[str, Any] = {"name": "slowed", "preset": "tiny-llama"}
     if slowdown:
         slowed["settings"] = {"slowdown": slowdown}
+    models = [m for case, m in (("identical", {"name": "same", "preset": "tiny-llama"}), ("slowed", slowed))
+              if case in cases]
     data: dict[str, Any] = {
         "apiVersion": "qualify/v1",
         "release": {"name": "pvh", "repository": "127.0.0.1:5000/qualify/pvh", "tag": tag,
@@ -59,7 +65,7 @@ def manifest(path: Path, tag: str, previous: str | None, *, mode: str, slowdown:
             # not the dtype. Every launch: 2 warm-up and 6 timed steps.
             "defaults": {"seq_len": 128, "micro_batch": 2, "steps": 6, "warmup_steps": 2, "repeats": 1,
                          "dtype": "fp32", "zero_stage": 0, "num_threads": 1, "resources": {"cpus": 1}},
-            "models": [{"name": "same", "preset": "tiny-llama"}, slowed],
+            "models": models,
             "variants": [{"name": "base"}],
         },
         "gate": {"regression": {**POLICY, "baseline": mode}},
@@ -139,10 +145,10 @@ def calibrate(path: Path, db: str, data_dir: Path, runs: int, slowdown: float) -
     return res.stdout
 
 
-def regression_calls(outcome: dict[str, Any]) -> dict[str, str]:
+def regression_calls(outcome: dict[str, Any], cases: tuple[str, ...] = tuple(CASES)) -> dict[str, str]:
     """Each case's regression verdict: P (PASS), I (INCOMPLETE or anything undecided), F (FAIL)."""
     calls = {r["case_id"]: r["status"] for r in outcome["reasons"] if r["check"] == "regression" and r.get("case_id")}
-    return {case: {"PASS": "P", "FAIL": "F"}.get(calls.get(case_id, ""), "I") for case, case_id in CASES.items()}
+    return {case: {"PASS": "P", "FAIL": "F"}.get(calls.get(CASES[case], ""), "I") for case in cases}
 
 
 def main() -> int:
@@ -155,6 +161,10 @@ def main() -> int:
     ap.add_argument("--max-minutes", type=float, default=0.0,
                     help="stop starting repetitions after this many minutes (0: no limit); the last line then "
                          "counts the repetitions that ran and says so")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help="which cases each run qualifies (comma-separated: identical,slowed). One case per run "
+                         "measures what a run of that case costs in each mode: with both, a history run's two 1-CPU "
+                         "cases share the 2 cores while a duet case holds both")
     ap.add_argument("--calibrate-runs", type=int, default=3,
                     help="A/A runs of `qualify calibrate` on the previous release (history mode needs the run-to-run "
                          "variation; 0: skip, and history mode is INCOMPLETE by design)")
@@ -178,14 +188,17 @@ def _benchmark(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         ap.error(f"--modes: a comma-separated subset of {','.join(MODES)}, got {args.modes!r}")
+    cases = tuple(c for c in CASES if c in {c.strip() for c in args.cases.split(",")})
+    if not cases or {c.strip() for c in args.cases.split(",") if c.strip()} - set(CASES):
+        ap.error(f"--cases: a comma-separated subset of {','.join(CASES)}, got {args.cases!r}")
     sys.path.insert(0, str(REPO / "src"))
     out = args.out or Path(tempfile.mkdtemp(prefix="qualify-pvh-"))
     out.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{out / 'pvh.db'}"
     print(f"data in {out}; {args.reps} repetitions of {','.join(modes)}, slowdown {args.slowdown:.0%}, burner every "
           f"{args.burn_every}th; policy {POLICY}", flush=True)
-    base, base_wall = qualify_run(manifest(out / "base.yaml", "0.9", None, mode="optional", slowdown=0.0),
-                                  db, out)
+    base, base_wall = qualify_run(manifest(out / "base.yaml", "0.9", None, mode="optional", slowdown=0.0,
+                                           cases=cases), db, out)
     if base.get("verdict") != "PASS":
         sys.exit(f"the previous release did not PASS: {json.dumps(base.get('reasons'))[:2000]}")
     print(f"previous release 0.9: run {base['run_id']} PASS in {base_wall:.0f} s", flush=True)
@@ -208,27 +221,27 @@ def _benchmark(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         try:
             for mode in modes:
                 outcome, wall = qualify_run(manifest(out / f"cand-{k}-{mode}.yaml", f"1.0-{k}{mode[0]}", "0.9",
-                                                     mode=mode, slowdown=args.slowdown), db, out)
-                calls = regression_calls(outcome)
+                                                     mode=mode, slowdown=args.slowdown, cases=cases), db, out)
+                calls = regression_calls(outcome, cases)
                 for case, call in calls.items():
                     counts[mode][case][call] += 1
                 figures = case_figures(db, outcome["run_id"])
                 seconds = case_seconds(db, outcome["run_id"])
-                case_s[mode] += [seconds.get(cid, 0.0) for cid in CASES.values()]
-                launches[mode] += [figures.get(cid, 0) for cid in CASES.values()]
+                case_s[mode] += [seconds.get(CASES[c], 0.0) for c in cases]
+                launches[mode] += [figures.get(CASES[c], 0) for c in cases]
                 walls[mode].append(wall)
                 changes = {r["case_id"]: _change(r.get("figures") or {})
                            for r in outcome["reasons"] if r["check"] == "regression" and r.get("case_id")}
-                print(f"rep {k:>2} burner {'on ' if burner else 'off'} {mode:<7} wall {wall:5.0f} s identical "
-                      f"{calls['identical']} ({_fmt(changes.get(CASES['identical']))}) slowed {calls['slowed']} "
-                      f"({_fmt(changes.get(CASES['slowed']))}) launches {figures}", flush=True)
+                shown = " ".join(f"{c} {calls[c]} ({_fmt(changes.get(CASES[c]))})" for c in cases)
+                print(f"rep {k:>2} burner {'on ' if burner else 'off'} {mode:<7} wall {wall:5.0f} s {shown} "
+                      f"launches {figures}", flush=True)
         finally:
             if burner is not None:
                 burner.kill()
                 burner.wait()
 
     def pif(mode: str, case: str) -> str:
-        if mode not in modes:
+        if mode not in modes or case not in cases:
             return "-/-/-"
         c = counts[mode][case]
         return f"{c['P']}/{c['I']}/{c['F']}"
@@ -240,6 +253,9 @@ def _benchmark(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     ratio = (f"; duet / history {statistics.median(case_s['duet']) / statistics.median(case_s['history']):.2f}"
              if case_s["duet"] and case_s["history"] and statistics.median(case_s["history"]) > 0 else "")
     print(f"median case execution s {'/'.join(med(case_s[m]) for m in MODES)} (h/p/d){ratio}", flush=True)
+    if walls["duet"] and walls["history"]:
+        print(f"median run wall s, duet / history {statistics.median(walls['duet']) / statistics.median(walls['history']):.2f}"
+              f" ({len(cases)} case(s) per run)", flush=True)
     print("; ".join(f"{m}: identical {pif(m, 'identical')}, slowed {pif(m, 'slowed')}" for m in MODES)
           + f"; median launches {'/'.join(med(launches[m]) for m in MODES)}"
           + f"; median wall s {'/'.join(med(walls[m]) for m in MODES)}")
