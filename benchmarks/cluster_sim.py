@@ -156,6 +156,7 @@ def _run(order: list[Any], demands: dict[str, Any], planned: dict[str, Any], sca
                 handed.set()
 
             for _attempt in range(2):  # a retryable infra result (a lost worker or item) runs again, as the flow's
+                before_submission = time.time()
                 outcome = run_case_on_ray(executor, _sleep_doc(case, seconds), case.resources,
                                           timeout_s=10 * seconds + 60, on_started=on_started,
                                           on_submitted=handed.set if release == "submitted" else None)
@@ -164,7 +165,15 @@ def _run(order: list[Any], demands: dict[str, Any], planned: dict[str, Any], sca
             if outcome.doc.get("status") != "passed":
                 errors.append(f"{case.case_id}: {outcome.doc.get('error')}")
             end = time.time()
-            results[case.case_id] = (started[0] if started else end, end, (str(outcome.node_id),))
+            if outcome.queue_wait_s is not None and outcome.exec_s is not None:
+                # The span the worker held the case's resources, on the worker's clock (every node is on this
+                # machine): its start is the submission plus the queue wait the task measured from it, its end that
+                # plus the task's own wall time. What the driver notes comes later, each by its own latency: a
+                # case's end was once noted after its successor on the same GPUs had started (CI, under load).
+                start = before_submission + outcome.queue_wait_s
+                results[case.case_id] = (start, start + outcome.exec_s, (str(outcome.node_id),))
+            else:  # a result made on the driver (never ran, or lost): the driver's times
+                results[case.case_id] = (started[0] if started else end, end, (str(outcome.node_id),))
         except Exception as exc:  # noqa: BLE001 - reported with the case, the simulation goes on
             errors.append(f"{case.case_id}: {type(exc).__name__}: {exc}")
         finally:
