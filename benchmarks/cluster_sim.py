@@ -109,6 +109,17 @@ def simulate(manifest: Path, nodes: int, gpus_per_node: int, cpus_per_node: int,
     return Simulation(scale, plan.makespan_s, bound, achieved, sorted(cases_out, key=lambda c: c.start_s))
 
 
+def held_span(before_submission: float, outcome: Any, noticed_start: float, noticed_end: float) -> tuple[float, float]:
+    """When a case held its resources, on the worker's clock (every node is on this machine): the submission plus the
+    queue wait the task measured from it, then plus the task's own wall time. The driver notices a start and an end
+    later, each by its own latency: a case's end was once noticed after its successor on the same GPUs had started
+    (CI, under load). A result made on the driver (never ran, or lost) has no worker times: the noticed ones."""
+    if outcome.queue_wait_s is None or outcome.exec_s is None:
+        return noticed_start, noticed_end
+    start = before_submission + outcome.queue_wait_s
+    return start, start + outcome.exec_s
+
+
 def _run(order: list[Any], demands: dict[str, Any], planned: dict[str, Any], scale: float,
          release: str) -> dict[str, tuple[float, float, tuple[str, ...]]]:
     """Hand the cases to Ray one at a time in `order`, the next once this one is `release` ("submitted" or
@@ -165,15 +176,8 @@ def _run(order: list[Any], demands: dict[str, Any], planned: dict[str, Any], sca
             if outcome.doc.get("status") != "passed":
                 errors.append(f"{case.case_id}: {outcome.doc.get('error')}")
             end = time.time()
-            if outcome.queue_wait_s is not None and outcome.exec_s is not None:
-                # The span the worker held the case's resources, on the worker's clock (every node is on this
-                # machine): its start is the submission plus the queue wait the task measured from it, its end that
-                # plus the task's own wall time. What the driver notes comes later, each by its own latency: a
-                # case's end was once noted after its successor on the same GPUs had started (CI, under load).
-                start = before_submission + outcome.queue_wait_s
-                results[case.case_id] = (start, start + outcome.exec_s, (str(outcome.node_id),))
-            else:  # a result made on the driver (never ran, or lost): the driver's times
-                results[case.case_id] = (started[0] if started else end, end, (str(outcome.node_id),))
+            span = held_span(before_submission, outcome, started[0] if started else end, end)
+            results[case.case_id] = (*span, (str(outcome.node_id),))
         except Exception as exc:  # noqa: BLE001 - reported with the case, the simulation goes on
             errors.append(f"{case.case_id}: {type(exc).__name__}: {exc}")
         finally:

@@ -151,6 +151,14 @@ def regression_calls(outcome: dict[str, Any], cases: tuple[str, ...] = tuple(CAS
     return {case: {"PASS": "P", "FAIL": "F"}.get(calls.get(CASES[case], ""), "I") for case in cases}
 
 
+def subset(flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated subset of `allowed`, in `allowed`'s order; ValueError naming the flag and the value."""
+    chosen = {part.strip() for part in text.split(",") if part.strip()}
+    if not chosen or chosen - set(allowed):
+        raise ValueError(f"{flag}: a comma-separated subset of {','.join(allowed)}, got {text!r}")
+    return tuple(a for a in allowed if a in chosen)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
@@ -172,6 +180,11 @@ def main() -> int:
                     help="server: one `prefect server start` on the loopback for every run, as a release manager with a "
                          "server has (default); ephemeral: each run starts Prefect's temporary API")
     args = ap.parse_args()
+    try:  # refused before anything starts (the Prefect server below)
+        args.modes = subset("--modes", args.modes, MODES)
+        args.cases = subset("--cases", args.cases, tuple(CASES))
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.prefect == "server":
         sys.path.insert(0, str(REPO / "tests"))
         from support.shared_prefect import running
@@ -180,17 +193,12 @@ def main() -> int:
             if api is None:
                 sys.exit("the benchmark's Prefect server did not start (--prefect ephemeral runs without one)")
             PREFECT_API["PREFECT_API_URL"] = api
-            return _benchmark(ap, args)
-    return _benchmark(ap, args)
+            return _benchmark(args)
+    return _benchmark(args)
 
 
-def _benchmark(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        ap.error(f"--modes: a comma-separated subset of {','.join(MODES)}, got {args.modes!r}")
-    cases = tuple(c for c in CASES if c in {c.strip() for c in args.cases.split(",")})
-    if not cases or {c.strip() for c in args.cases.split(",") if c.strip()} - set(CASES):
-        ap.error(f"--cases: a comma-separated subset of {','.join(CASES)}, got {args.cases!r}")
+def _benchmark(args: argparse.Namespace) -> int:
+    modes, cases = args.modes, args.cases
     sys.path.insert(0, str(REPO / "src"))
     out = args.out or Path(tempfile.mkdtemp(prefix="qualify-pvh-"))
     out.mkdir(parents=True, exist_ok=True)
