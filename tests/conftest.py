@@ -18,6 +18,7 @@ sys.dont_write_bytecode = False
 # benchmarks/ holds measurement code some tests reuse (e.g. the gate's simulation).
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from support import suite_order  # noqa: E402
 from support.db import PG_ADMIN_URL, psycopg_dsn  # noqa: E402
 
 pytest_plugins = ["support.registry", "support.service"]
@@ -164,24 +165,19 @@ def _alone_test(request: pytest.FixtureRequest, _machine_share):
             _machine_share.end_alone_spell()
 
 
-def _order(item: pytest.Item) -> int:
-    """Unit tests first (the fast answer), then the integration tests, then those that need container images, the
-    vLLM image's last: the images build meanwhile (`.ci/run` starts scripts/base-image.sh and scripts/vllm-image.sh
-    beside the suite; a test's own call of the script waits on the script's lock and finds the image made)."""
-    if item.get_closest_marker("unit"):
-        return 0
-    if item.get_closest_marker("vllm"):
-        return 3
-    return 2 if item.get_closest_marker("container") else 1
+def pytest_configure(config: pytest.Config) -> None:
+    suite_order.keep_the_suite_order(config)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `unit` or `integration` by the folder it lives in (`-m unit` is the fast path); the order
-    is _order's (stable within each group: files and tests as written)."""
+    is support/suite_order.py's (stable within each group: files and tests as written). The images build meanwhile
+    (`.ci/run` starts scripts/base-image.sh and scripts/vllm-image.sh beside the suite; a test's own call of the
+    script waits on the script's lock and finds the image made)."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         item.add_marker(pytest.mark.unit if "unit" in parts else pytest.mark.integration)
-    items[:] = sorted(items, key=_order)
+    items[:] = suite_order.ordered(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
