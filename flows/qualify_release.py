@@ -23,6 +23,11 @@ from prefect.futures import wait as wait_for_all
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
 from prefect.states import Failed, State
+# Every task gets the run's context (and a case, its future) quoted: Prefect otherwise walks into a task's arguments
+# to find futures and states, while the case threads and the heartbeat change the context (its progress counters,
+# dicts and lists): the walk failed at random ("Failed to resolve inputs in parameter 'ctx'"), and cost a walk of
+# the whole manifest on every task call.
+from prefect.utilities.annotations import quote
 
 from qualify import pipeline
 from qualify.errors import BadInput, QualifyError, Rejected
@@ -136,7 +141,7 @@ def _run_cases(ctx: pipeline.RunContext, pending: list[Case], progress_id: str |
                 continue
             if case_id not in tasks:
                 tasks[case_id] = run_case_task.with_options(task_run_name=case_id).submit(
-                    ctx, by_id[case_id], running[case_id], started, progress_id)
+                    quote(ctx), quote(by_id[case_id]), quote(running[case_id]), started, progress_id)
         wait_for_all(list(tasks.values()))
     finally:
         # Never wait here for cases still on Ray (an interrupt): the flow's own cleanup stops Ray, which ends them.
@@ -179,7 +184,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         if ctx.manifest.build.on == "cluster":  # the build is a Ray task on a builder node: Ray first
             ray_handle = _start_ray_stage(ctx)
         with ctx.timed_stage("build"):
-            build = _unwrap(obtain_candidate_task(ctx, wait))
+            build = _unwrap(obtain_candidate_task(quote(ctx), wait))
         logger.info("candidate %s (%s)", build.digest, build.builder)
         for name, side in ctx.further.items():  # the release's further images (manifest `images:`)
             logger.info("image %s: %s (%s)", name, side.build.digest, side.build.builder)
@@ -187,7 +192,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
             ray_handle = _start_ray_stage(ctx)
         ctx.pull_images()  # stage `pull`: the images on every node that will run cases, once, before them
         with ctx.timed_stage("verify"):
-            checks = verify_components_task(ctx)
+            checks = verify_components_task(quote(ctx))
         logger.info("components: %d/%d as expected", sum(c["ok"] for c in checks), len(checks))
 
         with ctx.timed_stage("cases"):
@@ -196,7 +201,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
             ctx.progress.done = len(ctx.cases) - len(pending)
             if ctx.resumed:
                 logger.info("resuming: %d of %d cases still need a result", len(pending), len(ctx.cases))
-            progress_id = progress_artifact_task(ctx, ctx.progress.done, ctx.progress.total)
+            progress_id = progress_artifact_task(quote(ctx), ctx.progress.done, ctx.progress.total)
             outcomes = _run_cases(ctx, pending, progress_id, logger)
         # Nothing after the cases uses Ray: its shutdown (1-1.5 s here; early Ray's in its owner thread) overlaps
         # the gate, the report and the flow run's end instead of following them.
@@ -204,12 +209,12 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
 
         database_identity.confirm(sessions, identity)  # a vanished or replaced database never gets a verdict
         with ctx.timed_stage("gate"):
-            evaluation = gate_task(ctx)
+            evaluation = gate_task(quote(ctx))
         spool.clear(ctx.data_dir, ctx.run_id)  # every result is in the database the run opened
         verdict = evaluation.judgement.verdict
         status = pipeline.finish_run(ctx, verdict)
         with ctx.timed_stage("report"):
-            written = publish_report_task(ctx, flow_run_url(PREFECT_UI_URL.value(), flow_run.id))
+            written = publish_report_task(quote(ctx), flow_run_url(PREFECT_UI_URL.value(), flow_run.id))
             report_link = report_url(settings.public_url, ctx.run_id, written)
             publish_artifacts(ctx, report_link)  # in the flow's body: the artifacts belong to the flow run
 
@@ -217,7 +222,7 @@ def qualify_release(manifest: str, ray_address: str | None = None, resume_run: i
         if pipeline.wants_promotion(ctx, verdict, promote):
             with ctx.timed_stage("promote"):
                 promotions = [PromotionSummary(o.target, o.target_ref, o.outcome, o.detail)
-                              for o in promote_task(ctx)]
+                              for o in promote_task(quote(ctx))]
         outcome = RunOutcome(run_id=ctx.run_id, verdict=verdict, status=status, digest=build.digest,
                              reasons=evaluation.judgement.reason_dicts(), report=str(written), cases=outcomes,
                              promotions=promotions, stage_seconds=ctx.stage_seconds(),
