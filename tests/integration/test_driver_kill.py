@@ -65,7 +65,8 @@ def _listeners(pids: set[int] | None = None) -> dict[tuple[str, int], int | None
 
 
 def _still_held(addresses: dict[tuple[str, int], int | None], alive_at_kill: set[int]) -> dict[tuple[str, int], str]:
-    """The run's listening addresses that a process alive at the kill still holds (holder -> its command line).
+    """The run's listening addresses that a process alive at the kill still holds, each with its holder's pid and
+    command line.
     The other test worker's processes bind ports all the time: one started after the kill may get a port the run
     let go (CI once saw "still listening" on one port after every process of the run was gone); it is not the run's."""
     return {address: f"pid {pid}: {_cmdlines({pid}).get(pid, '?') if pid else '?'}"
