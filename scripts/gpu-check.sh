@@ -134,6 +134,22 @@ EOF
     # shellcheck disable=SC2086
     pipw install --quiet --no-index --no-deps --upgrade --target "$site" $missing \
       || die "installing the wheels into $site failed"
+    # pip gives every installed file the time of the install. DeepSpeed's JIT ops (the CPU shm comm op, built by
+    # ninja under TORCH_EXTENSIONS_DIR) are rebuilt when a source is newer than what was built from it: each
+    # reinstall of the same wheel rebuilt them (26-150 s on a 2-core CPU). Each file takes its wheel's time
+    # instead: the same wheel, the same times; a new wheel (a new file) is newer, and its ops are rebuilt.
+    # shellcheck disable=SC2086
+    "$py" - "$site" $missing <<'EOF' || die "could not date the files installed into $site"
+import os, sys, zipfile
+site, wheels = sys.argv[1], sys.argv[2:]
+for wheel in wheels:
+    stamp = os.stat(wheel).st_mtime_ns
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            path = os.path.join(site, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.utime(path, ns=(stamp, stamp))
+EOF
     pipw install --dry-run --quiet --report "$report" --no-index --find-links "$wh" \
         --only-binary=:all: -r "$wh/requirements.txt" || die "resolution after the install failed"
     missing=$("$py" -c 'import json,sys; print(" ".join(i["metadata"]["name"] for i in json.load(open(sys.argv[1]))["install"]))' "$report")

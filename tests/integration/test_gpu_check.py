@@ -185,6 +185,11 @@ def _machine_python(root: Path) -> Path:
     return venv / "bin/python"
 
 
+# Alone: the check plans its variants against its own deadline (at most 8 minutes), and on a fresh machine its
+# first run builds DeepSpeed's CPU shm op and compiles cold. Beside the other test worker and the image builds
+# (fresh CI, an AMD EPYC without AVX-512) the op build took 150 s, the compile variant hit its timeout and the
+# last variant was dropped: the test failed on how busy the machine was, not on the script.
+@pytest.mark.alone
 def test_cpu_smoke_installs_from_the_wheelhouse_with_no_index(wheelhouse, tmp_path):
     folder, _ = wheelhouse
     # A fixed path, made anew each run: under tmp_path (a new path each run) the compile variants compiled cold on
@@ -208,7 +213,7 @@ def test_cpu_smoke_installs_from_the_wheelhouse_with_no_index(wheelhouse, tmp_pa
         "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),
     })
     r = subprocess.run(["bash", str(GPU_CHECK_SH), "--wheelhouse", str(folder), "--cpu-smoke",
-                        "--out", str(out), "--budget-s", "420"],
+                        "--out", str(out), "--budget-s", "480"],
                        capture_output=True, text=True, timeout=600, env=env)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text[-6000:]
@@ -220,6 +225,11 @@ def test_cpu_smoke_installs_from_the_wheelhouse_with_no_index(wheelhouse, tmp_pa
         assert name in installed.group(1)
     assert (site / "deepspeed").is_dir() and (site / "pydantic_core").is_dir()
     assert not (site / "torch").exists()      # provided by the machine, never installed
+    # Each installed file has its wheel's time, not the install's: a reinstall of the same wheel leaves DeepSpeed's
+    # JIT ops built (ninja rebuilds what is older than its sources).
+    wheel = next(folder.glob("deepspeed-*.whl"))
+    for installed in (site / "deepspeed" / "__init__.py", site / "deepspeed" / "ops" / "csrc" / "cpu" / "comm" / "shm.cpp"):
+        assert installed.stat().st_mtime_ns == wheel.stat().st_mtime_ns, installed
 
     doc = json.loads((out / "gpu-check.json").read_text())
     assert doc["cpu_smoke"] is True and doc["layers"] == 2 and doc["seq_len"] == 64
@@ -237,7 +247,7 @@ def test_cpu_smoke_installs_from_the_wheelhouse_with_no_index(wheelhouse, tmp_pa
     assert doc["harness_over_bare"] == pytest.approx(
         doc["variants"]["base"]["tokens_per_s"] / bare["tokens_per_s"])
     assert doc["device"]["deepspeed"] == _pin("deepspeed")
-    assert doc["wall_s"] <= 420
+    assert doc["wall_s"] <= 480
     table = (out / "gpu-check.txt").read_text()
     for v in ("bare (master)",) + VARIANTS:
         assert v in table
@@ -312,7 +322,7 @@ def test_planner_full_budget_runs_the_ladder_then_fits_what_it_can(monkeypatch, 
     assert doc["layer_attempts"][0] == {"layers": 32, "outcome": "skipped", "detail": pytest.approx(
         doc["layer_attempts"][0]["detail"])}   # 32 layers: state alone > 141 GB, never tried
     assert doc["layer_attempts"][1]["outcome"] == "oom" and doc["layers"] == 16
-    assert doc["wall_s"] <= 420
+    assert doc["wall_s"] <= 480
     assert doc["harness_over_bare"] == pytest.approx(0.6 / 0.65)
     # Whatever was dropped went in the stated order, and base and bare always ran.
     dropped = list(doc["dropped"])

@@ -39,6 +39,21 @@ class _Timeout(Exception):
     pass
 
 
+def _timeout_behind(exc: BaseException) -> _Timeout | None:
+    """The _Timeout that `exc` is, or that it was raised from or while handling: torch.compile's inductor
+    re-raises whatever stops a compile as its own InductorError, so a case whose timeout fired during a compile
+    (the first step of a compiled model) was reported as a crash (CI: the GPU check's compile variant, 'crash
+    (119 s)', at its 115 s timeout)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, _Timeout):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 class _NanLoss(Exception):
     def __init__(self, step: int, value: float) -> None:
         super().__init__(f"loss is {value} at step {step}")
@@ -81,8 +96,11 @@ def handle(case: dict[str, Any], log: logging.Logger) -> dict[str, Any]:
     _arm_timeout(timeout_s)
     try:
         return _train(case, p, launcher, log)
-    except _Timeout as exc:  # outside the step loop (imports, model build, engine init)
-        return {"status": "error", "error_class": "timeout", "error": str(exc)}
+    except Exception as exc:  # outside the step loop (imports, model build, engine init)
+        timeout = _timeout_behind(exc)
+        if timeout is None:
+            raise
+        return {"status": "error", "error_class": "timeout", "error": str(timeout)}
     finally:
         signal.alarm(0)
 
@@ -516,7 +534,12 @@ def _measure(s: _Setup, engine, fixed, ckpt_counter, log: logging.Logger, barrie
             if gc_was_enabled:
                 gc.enable()
         phases.enter("report")
-    except (_NanLoss, _Timeout) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _NanLoss):
+            timeout = _timeout_behind(exc)
+            if timeout is None:
+                raise
+            exc = timeout
         if gc_was_enabled:
             gc.enable()
         evidence.report(env, log)
