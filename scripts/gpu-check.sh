@@ -40,6 +40,7 @@
 #                     missing wheels with --no-deps into a site folder ($GPU_CHECK_SITE,
 #                     default ~/.cache/qualify/gpu-site/py<X.Y>) that is put first on
 #                     PYTHONPATH; a second resolution must then find nothing missing.
+#                     Installed files keep their wheel's time (DeepSpeed's JIT ops stay built).
 #                     Make DIR here with scripts/gpu-wheelhouse.sh DIR.
 #   without it        a venv at $QUALIFY_GPU_VENV (default ~/.cache/qualify/gpu-venv)
 #                     installed from a package index (needs one).
