@@ -408,8 +408,25 @@ def _tool_name(runtime: str) -> str:
     return Path(runtime).name
 
 
-def leftover_containers(executor: ContainerExecutor) -> list[str]:
-    """Names of qualify-* containers the engine still knows (for tests and cleanup)."""
+def leftover_containers(executor: ContainerExecutor, names: Sequence[str] | None = None) -> list[str]:
+    """Names of qualify-* containers the engine still knows (for tests and cleanup); with `names`, only those.
+
+    The engine's store is the node's: without `names` the answer includes the containers of whatever else runs
+    on the node now (another run, another test), so only a caller that has the node to itself may ask that."""
     argv = [*executor.engine_argv(), "ps", "--all", "--format", "{{.Names}}"]
     res = subprocess.run(argv, capture_output=True, text=True, env=executor.engine_env(), timeout=60)
-    return [n for n in res.stdout.split() if n.startswith(NAME_PREFIX)]
+    return qualify_containers(res.stdout, names)
+
+
+def qualify_containers(listing: str, names: Sequence[str] | None = None) -> list[str]:
+    """The qualify-* names in an engine's `ps --format {{.Names}}` listing; with `names`, only those."""
+    known = [n for n in listing.split() if n.startswith(NAME_PREFIX)]
+    return known if names is None else [n for n in known if n in names]
+
+
+def container_name(command: Sequence[str]) -> str | None:
+    """The container's name in an engine command line (`--name NAME`, as run_plan writes it)."""
+    for flag, value in zip(command, command[1:]):
+        if flag == "--name":
+            return value
+    return None
