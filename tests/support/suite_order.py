@@ -4,9 +4,17 @@
 2. The integration tests that need no container image.
 3. Those that need the base image, then those that need the vLLM image: on a fresh machine `.ci/run` builds both
    beside the suite, and a test that needs one waits for it.
-4. Modules that run `alone` as a whole (support/machine_share.py), last. An `alone` module first waits for the other
+4. The short image-free modules (under FILLER_BELOW_S seconds), as fillers: see below.
+5. Modules that run `alone` as a whole (support/machine_share.py), last. An `alone` module first waits for the other
    worker's current module to end, idle, then leaves the other worker idle while it runs. At the end, the modules
    before it are done, and the other worker's idleness is the suite's tail, which it would have had anyway.
+
+Within each group the longest module goes first (support/module_seconds.py: seconds measured in a CI run), the rule
+that keeps two machines' ends close when jobs are handed out as machines free up. The groups of long modules end
+with the vLLM engine's (165 s) while the other worker may already have run out of shared modules: an `alone` module
+taken then waits, idle, for the other worker's current module, and the other worker runs its queued shared
+modules one at a time (in the CI run of 2026-12-07 on an Intel Xeon: 147, 108 and 52 s of such waits). Ending the
+shared part with many short modules leaves each worker little to wait for.
 
 pytest-xdist's file scheduler reorders modules by their number of tests (most first) unless told not to
 (`--no-loadscope-reorder`): the suite ran the build tests while the base image was still building, and the alone
@@ -15,11 +23,18 @@ modules wherever their size put them. tests/conftest.py turns that off (`keep_th
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any, Protocol, Sequence
 
 import pytest
 
+from support.module_seconds import SECONDS, UNKNOWN_S
+
 UNIT, INTEGRATION, CONTAINER, VLLM, ALONE = range(5)
+# The groups in the suite's order: an image-free module shorter than FILLER_BELOW_S goes after the image modules.
+LONG, FILLER = "long", "filler"
+GROUPS = (UNIT, (INTEGRATION, LONG), CONTAINER, VLLM, (INTEGRATION, FILLER), ALONE)
+FILLER_BELOW_S = 40.0
 
 
 class Item(Protocol):
@@ -48,14 +63,38 @@ def module_of(item: Any) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def ordered(items: Sequence[Any]) -> list[Any]:
-    """The items by their module's rank: the highest of its items' (a module is one unit of xdist's file scheduler,
-    placed where its first item is: test_build's image-free tests must not bring its image tests forward), stable
-    within a rank (files and tests as written)."""
+def seconds_of(module: str) -> float:
+    """The module's measured seconds (support/module_seconds.py), UNKNOWN_S for one not measured yet."""
+    return SECONDS.get(PurePosixPath(module).stem, UNKNOWN_S)
+
+
+def group(module_rank: int, module: str) -> int:
+    """The module's place in GROUPS: its rank, an image-free module split into long ones and fillers."""
+    if module_rank == INTEGRATION:
+        return GROUPS.index((INTEGRATION, LONG if seconds_of(module) >= FILLER_BELOW_S else FILLER))
+    return GROUPS.index(module_rank)
+
+
+def module_ranks(items: Sequence[Any]) -> dict[str, int]:
+    """Each module's rank: the highest of its items' (a module is one unit of xdist's file scheduler, placed where
+    its first item is: test_build's image-free tests must not bring its image tests forward)."""
     ranks: dict[str, int] = {}
     for item in items:
         ranks[module_of(item)] = max(ranks.get(module_of(item), UNIT), rank(item))
-    return sorted(items, key=lambda item: ranks[module_of(item)])
+    return ranks
+
+
+def ordered(items: Sequence[Any]) -> list[Any]:
+    """The items by their module's group, the longest module first within a group (the unit tests as written:
+    seconds each), each module whole, its tests as written."""
+    ranks = module_ranks(items)
+
+    def key(item: Any) -> tuple[int, float]:
+        module = module_of(item)
+        place = group(ranks[module], module)
+        return place, 0.0 if place == GROUPS.index(UNIT) else -seconds_of(module)
+
+    return sorted(items, key=key)
 
 
 def keep_the_suite_order(config: pytest.Config) -> None:
