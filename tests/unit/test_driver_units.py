@@ -20,7 +20,7 @@ from qualify.execution.ray import infeasible_reason, ray_options
 from qualify.execution.result import CaseRunResult
 from qualify.report.views import artifact_key, results_table, summary_markdown
 from qualify.store.engine import open_database
-from qualify.verify import compare_components
+from qualify.verify import compare_components, probe_case
 from qualify.workloads import protocol
 
 CASE = protocol.make_case("sleep/nap-0", "sleep", {"duration_s": 0})
@@ -201,6 +201,24 @@ def test_compare_components() -> None:
     checks = {c["name"]: c for c in compare_components(comps, {"python": "3.11.7", "packages": {"torch": "2.6.0"}})}
     assert checks["python"]["ok"] and not checks["torch"]["ok"] and checks["extra"]["ok"]
     assert "2.6.0" == checks["torch"]["actual"] and "optional" in checks["extra"]["detail"]
+
+
+def test_the_probe_imports_torch_only_for_the_cuda_runtime() -> None:
+    # Importing torch was 2.5 s of every run's verify stage; only a `cuda` component reads what it gives.
+    python = Component(name="python", source="python", expected="3.11", match="prefix")
+    torch = Component(name="torch", source="package", expected="2.13", match="prefix")
+    cuda = Component(name="cuda", source="cuda", expected="12.4", match="prefix")
+    assert probe_case([python, torch])["params"]["torch"] is False
+    assert probe_case([python, cuda])["params"]["torch"] is True
+    # Without the import the package's version is still found (from its metadata), and a `cuda` component
+    # checked against facts without torch's is missing, never matched by accident.
+    from qualify.workloads import probe
+
+    facts = probe.handler(probe_case([python, torch]), None)["environment"]["facts"]
+    assert "torch" not in facts and "torch_cuda" not in facts
+    checks = {c["name"]: c for c in compare_components([python, torch, cuda], facts)}
+    assert checks["torch"]["ok"] and checks["torch"]["actual"].startswith("2.13"), checks["torch"]
+    assert checks["cuda"]["actual"] is None and not checks["cuda"]["ok"]
 
 
 # --------------------------------------------------------------------------- no lost results
