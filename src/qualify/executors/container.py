@@ -408,20 +408,36 @@ def _tool_name(runtime: str) -> str:
     return Path(runtime).name
 
 
-def leftover_containers(executor: ContainerExecutor, names: Sequence[str] | None = None) -> list[str]:
-    """Names of qualify-* containers the engine still knows (for tests and cleanup); with `names`, only those.
+def leftover_containers(executor: ContainerExecutor, names: Sequence[str] | None = None, *,
+                        repository: str | None = None) -> list[str]:
+    """Names of qualify-* containers the engine still knows (for tests and cleanup); with `names`, only those; with
+    `repository` (`host/path`), only those run from an image of it (by tag or digest).
 
-    The engine's store is the node's: without `names` the answer includes the containers of whatever else runs
+    The engine's store is the node's: without either the answer includes the containers of whatever else runs
     on the node now (another run, another test), so only a caller that has the node to itself may ask that."""
-    argv = [*executor.engine_argv(), "ps", "--all", "--format", "{{.Names}}"]
+    argv = [*executor.engine_argv(), "ps", "--all", "--format", "{{.Names}} {{.Image}}"]
     res = subprocess.run(argv, capture_output=True, text=True, env=executor.engine_env(), timeout=60)
-    return qualify_containers(res.stdout, names)
+    return qualify_containers(res.stdout, names, repository)
 
 
-def qualify_containers(listing: str, names: Sequence[str] | None = None) -> list[str]:
-    """The qualify-* names in an engine's `ps --format {{.Names}}` listing; with `names`, only those."""
-    known = [n for n in listing.split() if n.startswith(NAME_PREFIX)]
-    return known if names is None else [n for n in known if n in names]
+def qualify_containers(listing: str, names: Sequence[str] | None = None, repository: str | None = None) -> list[str]:
+    """The qualify-* names in an engine's `ps --format '{{.Names}} {{.Image}}'` listing (the image as the container
+    was run: a tag or a digest reference); with `names`, only those; with `repository`, only those of its images."""
+    out = []
+    for line in listing.splitlines():
+        name, _, image = line.strip().partition(" ")
+        if not name.startswith(NAME_PREFIX) or (names is not None and name not in names):
+            continue
+        if repository is not None and not _of_repository(image.strip(), repository):
+            continue
+        out.append(name)
+    return out
+
+
+def _of_repository(image: str, repository: str) -> bool:
+    """Is `image` (`host/path[:tag][@digest]`) an image of `repository` (`host/path`)? A longer path that merely
+    starts with it (`host/path-other`) is not."""
+    return image == repository or image.startswith((f"{repository}:", f"{repository}@"))
 
 
 def container_name(command: Sequence[str]) -> str | None:
