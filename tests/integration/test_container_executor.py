@@ -157,6 +157,8 @@ def test_probe_reports_debian12_python311(executor: ContainerExecutor) -> None:
         Component(name="bash", source="command", command=["bash", "--version"],
                   regex=r"version (\d+\.\d+)", expected="5.2", match="prefix"),
         Component(name="ppu-sdk", source="env", env="PPU_SDK_VERSION", expected="1.5.1"),
+        # A `cuda` component is what makes the probe import torch (nothing else needs it).
+        Component(name="cuda", source="cuda", expected="12", match="prefix", optional=True),
     ]
     case = probe_case(components)
     case["env"] = {"PPU_SDK_VERSION": "1.5.1"}
@@ -167,8 +169,9 @@ def test_probe_reports_debian12_python311(executor: ContainerExecutor) -> None:
     assert facts["python"].startswith("3.11.")
     checks = {c["name"]: c for c in compare_components(components, facts)}
     assert all(c["ok"] for c in checks.values()), checks
-    # The image has no torch: the probe says so instead of failing.
-    assert "torch_import_error" in facts
+    # The image has no torch: the probe says so instead of failing, and the optional cuda component is not there.
+    assert "torch_import_error" in facts and checks["cuda"]["actual"] is None
+    assert "optional" in checks["cuda"]["detail"]
     wrong = compare_components([Component(name="debian", source="os", expected="ubuntu 24.04", match="prefix")], facts)
     assert not wrong[0]["ok"] and wrong[0]["actual"] == "debian 12"
 
