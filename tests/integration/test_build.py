@@ -166,16 +166,31 @@ def _write(context: Path, containerfile: str, **files: str) -> None:
 
 
 @pytest.mark.container
-def test_failing_run_step_gives_the_log_tail(tmp_path: Path, base_image: str) -> None:  # noqa: F811
+def test_failing_run_step_gives_the_log_tail_and_leaves_no_working_container(tmp_path: Path,
+                                                                            base_image: str) -> None:  # noqa: F811
     require_tools("buildah", "runc")
-    _write(tmp_path, f"FROM {base_image}\nRUN echo qualify-marker-before-failure && ls /no/such/dir\n")
-    release = _release(tmp_path, repository=f"127.0.0.1:9/{unique('qualify/fail')}")
-    with pytest.raises(BuildError) as err:
-        build_candidate(release, data_dir=tmp_path / "data", manifest_dir=tmp_path)
-    assert "buildah build" in str(err.value) and "failed" in str(err.value)
-    tail = err.value.log_tail
-    assert "qualify-marker-before-failure" in tail and "/no/such/dir" in tail
-    assert Path(err.value.log_path).read_text().endswith(tail[-200:])
+    # FROM a tag of the base of this test's own: buildah names the working container after it, so this build's is
+    # told from whatever the other test worker builds from the base meanwhile.
+    store = container_store()
+    buildah = ["buildah", *store.global_args("buildah")]
+    own_base = f"localhost/{unique('qualify-failing-base')}"
+    subprocess.run([*buildah, "tag", base_image, own_base], env=store.env(), check=True, capture_output=True)
+    try:
+        _write(tmp_path, f"FROM {own_base}\nRUN echo qualify-marker-before-failure && ls /no/such/dir\n")
+        release = _release(tmp_path, repository=f"127.0.0.1:9/{unique('qualify/fail')}")
+        with pytest.raises(BuildError) as err:
+            build_candidate(release, data_dir=tmp_path / "data", manifest_dir=tmp_path)
+        assert "buildah build" in str(err.value) and "failed" in str(err.value)
+        tail = err.value.log_tail
+        assert "qualify-marker-before-failure" in tail and "/no/such/dir" in tail
+        assert Path(err.value.log_path).read_text().endswith(tail[-200:])
+        # The failed build's working container is gone, and its overlay with it (buildah keeps it by default).
+        listing = subprocess.run([*buildah, "containers", "--format", "{{.ContainerName}}"], env=store.env(),
+                                 check=True, capture_output=True, text=True).stdout.split()
+        left = [name for name in listing if name.startswith(own_base.split("/", 1)[1])]
+        assert left == [], left
+    finally:
+        subprocess.run([*buildah, "rmi", own_base], env=store.env(), capture_output=True)
 
 
 @pytest.mark.container

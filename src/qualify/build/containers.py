@@ -396,7 +396,10 @@ def plan_build(manifest: ReleaseManifest, manifest_dir: Path, log: BuildLog) -> 
 
 
 def _build_argv(tool: str, store: ContainerStore, plan: BuildPlan, iidfile: Path) -> list[str]:
-    argv = [tool, *store.global_args(tool), "build", "--layers", "--network", plan.network_flag, "--pull=false",
+    # --force-rm: buildah keeps a failed build's working container by default, with its overlay mounted, on the
+    # build node for good (two a test run here, found mounted in the store after CI).
+    argv = [tool, *store.global_args(tool), "build", "--layers", "--force-rm", "--network", plan.network_flag,
+            "--pull=false",
             "--file", str(plan.containerfile), "--tag", plan.target, "--iidfile", str(iidfile)]
     if tool == "buildah":
         argv += ["--isolation", "oci", "--runtime", "runc"]
