@@ -40,3 +40,11 @@ def test_an_unreachable_database_is_still_reported_by_the_migration(monkeypatch:
     url = "postgresql://nobody@127.0.0.1:1/none"
     with pytest.raises(DatabaseError, match="cannot migrate"):
         open_database(url)
+
+
+def test_a_sqlite_path_that_cannot_be_made_is_a_database_error(tmp_path: Path) -> None:
+    # The revision is read before any migration now: a folder that cannot be made must still be the database's
+    # error (exit 3 with one line), not an OSError from the engine's set-up.
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(DatabaseError, match="cannot migrate"):
+        open_database(f"sqlite:///{tmp_path / 'file' / 'q.db'}")

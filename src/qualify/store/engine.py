@@ -121,7 +121,11 @@ def upgrade(url: str, revision: str = "head") -> None:
         with _sqlite_migration_lock(url):
             command.upgrade(alembic_config(url), revision)
     except Exception as exc:  # noqa: BLE001 - reported with the (redacted) URL
-        raise DatabaseError(f"cannot migrate {redact_url(url)}: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise _cannot_migrate(url, exc) from exc
+
+
+def _cannot_migrate(url: str, exc: BaseException) -> DatabaseError:
+    return DatabaseError(f"cannot migrate {redact_url(url)}: {type(exc).__name__}: {_first_line(exc)}")
 
 
 
@@ -141,12 +145,14 @@ def _revision(conn: Connection) -> str | None:
     return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def _revision_or_none(engine: Engine) -> str | None:
+def _current_revision(url: str, engine: Engine) -> str | None:
+    """The revision before a migration. A database that cannot be read cannot be migrated either: said at once, not
+    after alembic has waited for the same unreachable host a second time."""
     try:
         with engine.connect() as conn:
             return _revision(conn)
-    except Exception:  # noqa: BLE001 - unreachable or unreadable: the migration reports it
-        return None
+    except Exception as exc:  # noqa: BLE001 - reported with the (redacted) URL
+        raise _cannot_migrate(url, exc) from exc
 
 
 def open_database(url: str, migrate: bool = True) -> tuple[Engine, sessionmaker[Session]]:
@@ -156,11 +162,14 @@ def open_database(url: str, migrate: bool = True) -> tuple[Engine, sessionmaker[
     not at the head revision is refused with what to run.
     """
     check_url(url)
-    engine = make_engine(url, create=migrate)
+    try:
+        engine = make_engine(url, create=migrate)
+    except OSError as exc:  # the SQLite file's folder cannot be made (a file in its path, /proc...)
+        raise _cannot_migrate(url, exc) from exc
     # At the head already (every run but a database's first): nothing to migrate, and alembic's import and
-    # script scan (0.4-0.7 s of each `qualify run` on a 2-core machine) are skipped. Anything else, an
-    # unreachable database included, goes through alembic, which migrates or says what is wrong.
-    if migrate and _revision_or_none(engine) != SCHEMA_HEAD:
+    # script scan (0.4-0.7 s of each `qualify run` on a 2-core machine) are skipped. Any other revision goes
+    # through alembic, which migrates or says what is wrong.
+    if migrate and _current_revision(url, engine) != SCHEMA_HEAD:
         upgrade(url)
     try:
         with engine.connect() as conn:
