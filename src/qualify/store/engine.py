@@ -128,8 +128,6 @@ def _cannot_migrate(url: str, exc: BaseException) -> DatabaseError:
     return DatabaseError(f"cannot migrate {redact_url(url)}: {type(exc).__name__}: {_first_line(exc)}")
 
 
-
-
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
@@ -164,7 +162,9 @@ def open_database(url: str, migrate: bool = True) -> tuple[Engine, sessionmaker[
     check_url(url)
     try:
         engine = make_engine(url, create=migrate)
-    except OSError as exc:  # the SQLite file's folder cannot be made (a file in its path, /proc...)
+    except OSError as exc:  # only when creating: the SQLite file's folder cannot be made (a file in its path)
+        if not migrate:
+            raise
         raise _cannot_migrate(url, exc) from exc
     # At the head already (every run but a database's first): nothing to migrate, and alembic's import and
     # script scan (0.4-0.7 s of each `qualify run` on a 2-core machine) are skipped. Any other revision goes
