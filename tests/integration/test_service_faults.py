@@ -111,12 +111,22 @@ def test_a_malformed_event_is_recorded_and_skipped_by_the_real_service(db_url: s
     assert rows[-1]["repository"] == "127.0.0.1:9/team/app" and len(rows[-1]["pushed_by"]) <= 128
 
 
-@pytest.mark.parametrize("media_type", ["application/vnd.docker.distribution.manifest.v1+prettyjws",
-                                        "application/vnd.oci.artifact.manifest.v1+json", "application/json"])
-def test_a_tagged_push_of_any_media_type_is_judged(media_type: str, registry_factory, make_image,
-                                                   service_factory, tmp_path) -> None:
-    """A schema1, OCI artifact or plain JSON manifest on a protected tag is judged by its digest like any other
-    (the old webhook skipped media types it did not know)."""
+def _push_event(registry, repository: str, tag: str, digest: str) -> dict[str, Any]:
+    return {"id": uuid.uuid4().hex, "action": "push", "request": {"host": registry.host, "method": "PUT"},
+            "target": {"mediaType": "application/vnd.oci.image.manifest.v1+json", "repository": repository,
+                       "tag": tag, "digest": digest, "size": 500,
+                       "url": f"{registry.url}/v2/{repository}/manifests/{digest}"}}
+
+
+def _deliver(service, token: str, event: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{service.url}/v1/registry/events", json={"events": [event]}, trust_env=False, timeout=120,
+                      headers={"Authorization": f"Bearer {token}"})
+
+
+@pytest.fixture
+def enforcing(registry_factory, make_image, service_factory, tmp_path):
+    """A registry without notifications (the test delivers each event itself, when it chooses) and the service
+    enforcing `delete` on team/*:stable."""
     from qualify.store.engine import upgrade
 
     db = f"sqlite:///{tmp_path / 'q.db'}"
@@ -125,12 +135,80 @@ def test_a_tagged_push_of_any_media_type_is_judged(media_type: str, registry_fac
     registry = registry_factory()
     service = service_factory(db, token, ["--registry", registry.host, "--insecure-registry", registry.host,
                                           "--protect", "team/*:stable", "--enforce", "delete"])
+    return db, token, registry, service
+
+
+@pytest.mark.parametrize("media_type", ["application/vnd.docker.distribution.manifest.v1+prettyjws",
+                                        "application/vnd.oci.artifact.manifest.v1+json", "application/json"])
+def test_a_tagged_push_of_any_media_type_is_judged(media_type: str, enforcing, make_image) -> None:
+    """A schema1, OCI artifact or plain JSON manifest on a protected tag is judged by its digest like any other
+    (the old webhook skipped media types it did not know)."""
+    db, token, registry, service = enforcing
     digest = make_image(registry, "team/odd", "stable")
-    event = {"id": uuid.uuid4().hex, "action": "push", "request": {"host": registry.host, "method": "PUT"},
-             "target": {"mediaType": media_type, "repository": "team/odd", "tag": "stable", "digest": digest,
-                        "size": 500, "url": f"{registry.url}/v2/team/odd/manifests/{digest}"}}
-    answer = httpx.post(f"{service.url}/v1/registry/events", json={"events": [event]}, trust_env=False,
-                        timeout=60, headers={"Authorization": f"Bearer {token}"})
+    event = _push_event(registry, "team/odd", "stable", digest)
+    event["target"]["mediaType"] = media_type
+    answer = _deliver(service, token, event)
     assert answer.status_code == 200 and answer.json()["events"][0]["outcome"] == "deleted", answer.text
     assert skopeo_digest(registry.ref("team/odd", "stable")) is None
     assert _events(db)[0]["outcome"] == "deleted"
+
+
+def test_a_push_event_that_comes_before_its_tag_is_enforced_once_the_tag_is_there(enforcing, make_image) -> None:
+    """Distribution notifies when the manifest is stored, before it writes the tag: on a busy machine the webhook
+    asked for the tag first, found nothing and skipped the push as gone, leaving an unqualified image on a protected
+    tag (seen in CI). Here the event is delivered while only the manifest is there, and the tag is written 0.5 s
+    later: the push is enforced."""
+    import threading
+
+    db, token, registry, service = enforcing
+    digest = make_image(registry, "team/late", "base")  # the manifest, under an unprotected tag
+    event = _push_event(registry, "team/late", "stable", digest)
+    late = threading.Timer(0.5, lambda: put_manifest(registry.url, "team/late", digest, "stable"))
+    late.start()
+    try:
+        answer = _deliver(service, token, event)
+    finally:
+        late.join()
+    assert answer.status_code == 200 and answer.json()["events"][0]["outcome"] == "deleted", answer.text
+    assert skopeo_digest(registry.ref("team/late", "stable")) is None
+    [row] = _events(db)
+    assert row["outcome"] == "deleted" and "manifest deleted" in row["detail"], row
+
+
+def test_a_push_whose_tag_never_shows_is_deleted_by_digest_and_a_vanished_one_skipped(enforcing, make_image) -> None:
+    db, token, registry, service = enforcing
+    digest = make_image(registry, "team/never", "base")
+    answer = _deliver(service, token, _push_event(registry, "team/never", "stable", digest))
+    assert answer.status_code == 200 and answer.json()["events"][0]["outcome"] == "deleted", answer.text
+    assert "not in the registry" in answer.json()["events"][0]["detail"]
+    assert skopeo_digest(registry.ref("team/never", "base")) is None  # the manifest is gone, every tag with it
+    gone = "sha256:" + "cd" * 32  # neither the tag nor the manifest: nothing to enforce
+    answer = _deliver(service, token, _push_event(registry, "team/never", "stable", gone))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["events"][0]["outcome"] == "skipped" and "gone already" in answer.json()["events"][0]["detail"]
+
+
+def test_a_redelivery_during_enforcement_waits_for_it_and_gets_its_outcome(enforcing, make_image) -> None:
+    """The registry redelivers an envelope it got no answer to within its timeout. A second delivery that took the
+    row over while the first was still enforcing saw the tag gone (the first had deleted it) and overwrote the
+    row's `deleted` with `skipped`, or failed its own delete: both deliveries now answer the one outcome."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    db, token, registry, service = enforcing
+    digest = make_image(registry, "team/twice", "base")
+    event = _push_event(registry, "team/twice", "stable", digest)  # its tag comes late: the first delivery waits
+    late = threading.Timer(1.0, lambda: put_manifest(registry.url, "team/twice", digest, "stable"))
+    late.start()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_deliver, service, token, event)
+        wait_for(lambda: _events(db), "the first delivery's row")
+        second = pool.submit(_deliver, service, token, event)
+        answers = [first.result(), second.result()]
+    late.join()
+    for answer in answers:
+        assert answer.status_code == 200 and answer.json()["events"][0]["outcome"] == "deleted", answer.text
+    assert [a.json()["events"][0]["replayed"] for a in answers] == [False, True]
+    [row] = _events(db)
+    assert row["outcome"] == "deleted", row
+    assert skopeo_digest(registry.ref("team/twice", "stable")) is None

@@ -15,6 +15,15 @@ lengths. Every change to the registry is preceded by a committed row saying what
 unfinished or failed one is tried again (a failure answers 503, so the registry redelivers). The tag is
 re-checked right before the change: when it has moved on since the push, nothing is changed (`skipped`).
 
+Two races, both seen on a busy machine:
+* Distribution sends a manifest's push event when the manifest is stored, before it writes the tag: the webhook
+  can ask for the tag before it exists. A tag not there yet is waited for (`tag_wait_s`); if it still is not
+  there while the pushed manifest is, the manifest is deleted by its digest (a tag written later points to
+  nothing). Only a manifest that is gone too is `skipped` as gone.
+* The registry redelivers an envelope it got no answer to within its timeout, while the first delivery is still
+  enforcing. In this process one delivery enforces an event at a time: another delivery of it waits for that
+  one's outcome and answers from its row. Across processes, a final outcome is never overwritten.
+
 Distribution 2.x cannot delete a tag alone: deleting removes the manifest (by digest) and every tag of that
 repository pointing to it. That is what `delete` (and `revert` without a previous digest) does.
 """
@@ -27,8 +36,10 @@ import hashlib
 import json
 import logging
 import re
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -217,44 +228,91 @@ class Webhook:
     # The registry (host:port) this endpoint's token is bound to: every push is placed there, and only there is
     # anything changed, whatever host the event names (Distribution copies it from the pusher's Host header).
     registry: str = ""
+    # How long a pushed tag that is not in the registry yet is waited for (Distribution notifies before it writes
+    # the tag); well inside the registry's notification timeout, so that the wait does not cause a redelivery.
+    tag_wait_s: float = 2.0
+    # The rows an enforcement in this process is working on, each with the event its end sets.
+    _in_flight: dict[int, threading.Event] = field(default_factory=dict, init=False, repr=False)
+    _flight_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def handle(self, body: Any, _again: bool = True) -> list[EventResult]:
         parsed = parse_envelope(body, self.registry)
         events = [p for p in parsed if isinstance(p, Malformed) or is_protected(p, self.patterns)]
         results: list[EventResult] = []
         planned: list[tuple[int, Push]] = []
+        elsewhere: list[int] = []  # rows another delivery in this process is enforcing now: answered from its end
         # 1. Judge and record every event of the envelope in one transaction (intent before any change).
-        with self.sessions() as session:
-            for event in events:
-                existing = session.scalar(select(RegistryEvent).where(RegistryEvent.event_id == event.event_id))
-                if existing is not None and (existing.outcome not in ("enforcing", "failed")
-                                             or isinstance(event, Malformed)):
-                    results.append(_result(existing, replayed=True))
-                    continue
-                if existing is not None:  # an earlier delivery stopped or failed before its outcome: finish it
-                    assert isinstance(event, Push)
-                    planned.append((existing.id, event))
-                    continue
-                row = _skip(event) if isinstance(event, Malformed) else self._judge(session, event)
-                session.add(row)
-                session.flush()
-                if row.outcome == "enforcing":
-                    assert isinstance(event, Push)
-                    planned.append((row.id, event))
-                else:
-                    results.append(_result(row))
-                    _log(row)
-            try:
+        try:
+            with self.sessions() as session:
+                for event in events:
+                    existing = session.scalar(select(RegistryEvent).where(RegistryEvent.event_id == event.event_id))
+                    if existing is not None and (existing.outcome not in ("enforcing", "failed")
+                                                 or isinstance(event, Malformed)):
+                        results.append(_result(existing, replayed=True))
+                        continue
+                    if existing is not None:  # an earlier delivery stopped or failed before its outcome: finish it
+                        assert isinstance(event, Push)
+                        if self._claim(existing.id):
+                            planned.append((existing.id, event))
+                        else:
+                            elsewhere.append(existing.id)
+                        continue
+                    row = _skip(event) if isinstance(event, Malformed) else self._judge(session, event)
+                    session.add(row)
+                    session.flush()
+                    if row.outcome == "enforcing":
+                        assert isinstance(event, Push)
+                        self._claim(row.id)  # before the commit makes the row visible to another delivery
+                        planned.append((row.id, event))
+                    else:
+                        results.append(_result(row))
+                        _log(row)
                 session.commit()
-            except IntegrityError:  # a concurrent delivery of the same event recorded it first: answer from it
-                session.rollback()
-                if not _again:
-                    raise
-                return self.handle(body, _again=False)
+        except IntegrityError:  # a concurrent delivery of the same event recorded it first: answer from it
+            self._release(row_id for row_id, _ in planned)
+            if not _again:
+                raise
+            return self.handle(body, _again=False)
+        except BaseException:
+            self._release(row_id for row_id, _ in planned)
+            raise
         # 2. Change the registry, one event at a time, each outcome committed as soon as it is known.
-        for row_id, push in planned:
-            results.append(self._enforce(row_id, push))
+        held = [row_id for row_id, _ in planned]
+        try:
+            for row_id, push in planned:
+                results.append(self._enforce(row_id, push))
+                self._release([held.pop(0)])
+        finally:
+            self._release(held)  # what an exception left claimed
+        for row_id in elsewhere:
+            results.append(self._answer_when_done(row_id))
         return results
+
+    def _claim(self, row_id: int) -> bool:
+        """Take the row's enforcement for this delivery; False when another delivery in this process has it."""
+        with self._flight_lock:
+            if row_id in self._in_flight:
+                return False
+            self._in_flight[row_id] = threading.Event()
+            return True
+
+    def _release(self, row_ids: Iterable[int]) -> None:
+        with self._flight_lock:
+            for row_id in list(row_ids):
+                done = self._in_flight.pop(row_id, None)
+                if done is not None:
+                    done.set()
+
+    def _answer_when_done(self, row_id: int, timeout_s: float = 300.0) -> EventResult:
+        """The outcome another delivery's enforcement gave the row (it may still be `failed`: then 503 again)."""
+        with self._flight_lock:
+            done = self._in_flight.get(row_id)
+        if done is not None:
+            done.wait(timeout_s)
+        with self.sessions() as session:
+            row = session.get(RegistryEvent, row_id)
+            assert row is not None
+            return _result(row, replayed=True)
 
     def _judge(self, session: Session, push: Push) -> RegistryEvent:
         check = check_push(session, push.ref, push.digest)
@@ -285,11 +343,18 @@ class Webhook:
             if self.enforce == "off":  # a failed event redelivered after enforcement was turned off
                 raise _Off
             with self.client_factory() as client:
-                current = client.digest_if_exists(push.ref)
-                if current != push.digest:
+                current = client.digest_if_exists(push.ref) or self._tag_once_written(client, push)
+                if current is None and client.digest_if_exists(push.ref.with_digest(push.digest)) == push.digest:
+                    # The tag never showed up, the pushed manifest did: delete it by digest, so that the tag,
+                    # whenever the registry writes it, points to nothing.
+                    client.delete_manifest(push.ref, push.digest)
+                    outcome = "deleted"
+                    detail = (f"the tag was not in the registry {self.tag_wait_s:g} s after its push event, the "
+                              "pushed manifest was: manifest deleted by digest (the tag points to nothing)")
+                elif current != push.digest:
                     outcome = "skipped"
                     detail = (f"the tag moved on to {current} before enforcement: left alone" if current else
-                              "the tag is gone already: nothing to do")
+                              "the tag and its manifest are gone already: nothing to do")
                 else:
                     if self.enforce == "revert":
                         previous = self._previous_qualified(push)
@@ -310,12 +375,24 @@ class Webhook:
         with self.sessions() as session:
             row = session.get(RegistryEvent, row_id)
             assert row is not None
+            if row.outcome not in ("enforcing", "failed"):  # another process's delivery finished it first
+                return _result(row, replayed=True)
             row.outcome, row.previous_digest = outcome, previous
             row.detail = f"{row.detail.split('; ' + FAILED)[0]}; {detail}"  # a retry replaces the last failure
             row.decided_at = utcnow()
             session.commit()
             _log(row)
             return _result(row)
+
+    def _tag_once_written(self, client: EnforcingClient, push: Push) -> str | None:
+        """The tag's digest once the registry has written it, waited for up to tag_wait_s; None if it never was."""
+        deadline = time.monotonic() + self.tag_wait_s
+        while time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            current = client.digest_if_exists(push.ref)
+            if current is not None:
+                return current
+        return None
 
     def _previous_qualified(self, push: Push) -> str | None:
         """The newest digest this tag was allowed to carry (a push the service allowed, else a promotion to
