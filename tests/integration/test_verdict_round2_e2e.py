@@ -226,8 +226,10 @@ def test_a_database_that_vanishes_mid_run_is_exit_3_with_the_results_spooled(tmp
     from support.paths import REPO
 
     db_file = tmp_path / "q.db"
+    release = tmp_path / "release-the-long-case"  # the long case runs until the database has been swapped
     cases = [{"name": "short", "kind": "sleep", "params": {"duration_s": 0.2}, "resources": {"cpus": 1}},
-             {"name": "long", "kind": "sleep", "params": {"duration_s": 20}, "resources": {"cpus": 1}}]
+             {"name": "long", "kind": "sleep", "params": {"duration_s": 0.2, "hold_until_file": str(release)},
+              "resources": {"cpus": 1}}]
     manifest = _manifest(tmp_path / "m.yaml", "1.0", None, cases, OPTIONAL)
     if how == "replaced":  # another, valid results database, ready to be moved over the run's
         other = tmp_path / "other.db"
@@ -243,6 +245,7 @@ def test_a_database_that_vanishes_mid_run_is_exit_3_with_the_results_spooled(tmp
         else:
             shutil.copy(tmp_path / "other.db", tmp_path / "swap.db")
             (tmp_path / "swap.db").replace(db_file)
+        release.touch()
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
