@@ -152,7 +152,11 @@ def _alone_test(request: pytest.FixtureRequest, _machine_share):
     over the module's consecutive `alone` tests (each hand-over would wait for the other worker's next module),
     and after the module's last test until the module lets go (taking a shared hold back first would wait for
     whatever `alone` module the other worker queued meanwhile)."""
-    if _machine_share is None or not _alone_in_shared_module(request.node):
+    if _machine_share is None:
+        yield
+        return
+    if not _alone_in_shared_module(request.node):
+        _machine_share.let_an_alone_holder_in()  # before the test's own fixtures: the module's are up, idle
         yield
         return
     _machine_share.begin_alone_spell()

@@ -10,6 +10,11 @@ the machine shared for as long as it runs; an `alone` module holds it exclusivel
 module trades its module's shared hold for an exclusive one while it runs. The turnstile gives a waiting `alone`
 holder priority: while it waits for the other worker's current holder to let go, that worker takes no new hold.
 flock(2): released by the kernel if a worker dies.
+
+A shared module lets a waiting `alone` holder in between two of its tests (`let_an_alone_holder_in`), not only at
+its end: the `alone` holder then waits for the other worker's current test, not its whole module (in a warm CI of
+2026-12-07, such waits came to 212 s of an idle worker: 78, 55, 41, 22 and 16 s). Meanwhile the module's own
+fixtures stay up, idle (a two-node Ray cluster idle: 1.8% of the machine).
 """
 
 from __future__ import annotations
@@ -46,6 +51,19 @@ class MachineShare:
         self.release()
         self._turnstile.close()
         self._machine.close()
+
+    def let_an_alone_holder_in(self) -> None:
+        """Between two tests of a shared module: when the other worker waits to hold the machine alone (it holds
+        the turnstile), let go and share again after it. A no-op in a spell, or when nobody waits."""
+        if self._in_spell:
+            return
+        try:
+            fcntl.flock(self._turnstile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # an alone holder waits (or a shared one passes the turnstile: a harmless yield)
+            self.release()
+            self.shared()
+            return
+        fcntl.flock(self._turnstile, fcntl.LOCK_UN)
 
     def begin_alone_spell(self) -> None:
         """A shared holder's exclusive spell begins (an `alone` test of a shared module); within a spell, a no-op:

@@ -95,3 +95,34 @@ def test_consecutive_spells_keep_the_machine_and_the_other_shares_only_after_the
     b.end_alone_spell()  # outside a spell: a no-op (b still holds it shared, beside a)
     a.close()
     b.close()
+
+
+def test_a_shared_module_lets_a_waiting_alone_holder_in_between_its_tests(tmp_path: Path) -> None:
+    """The alone holder waits for the other worker's current test, not its whole module."""
+    module, alone = MachineShare(tmp_path), MachineShare(tmp_path)
+    module.shared()
+    module.let_an_alone_holder_in()  # nobody waits: the module keeps its hold (a no-op)
+    got_alone, back = threading.Event(), threading.Event()
+
+    def take_alone() -> None:
+        alone.alone()
+        got_alone.set()
+        time.sleep(0.3)
+        alone.release()
+
+    thread = threading.Thread(target=take_alone)
+    thread.start()
+    assert not got_alone.wait(0.3)  # the module's current test still runs
+
+    def next_test() -> None:
+        module.let_an_alone_holder_in()  # the module's next test: it lets the alone holder in, then shares again
+        back.set()
+
+    follower = threading.Thread(target=next_test)
+    follower.start()
+    assert _soon(got_alone)
+    assert not back.wait(0.1)  # the module's next test waits while the alone holder runs
+    assert _soon(back)
+    thread.join(), follower.join()
+    module.close()
+    alone.close()
