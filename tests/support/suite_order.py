@@ -6,15 +6,16 @@
    beside the suite, and a test that needs one waits for it.
 4. The short image-free modules (under FILLER_BELOW_S seconds), as fillers: see below.
 5. Modules that run `alone` as a whole (support/machine_share.py), last. An `alone` module first waits for the other
-   worker's current module to end, idle, then leaves the other worker idle while it runs. At the end, the modules
-   before it are done, and the other worker's idleness is the suite's tail, which it would have had anyway.
+   worker's current test to end (a shared module lets it in between two tests), idle, then leaves the other worker
+   idle while it runs. At the end, the modules before it are done, and the other worker's idleness is the suite's
+   tail, which it would have had anyway.
 
 Within each group the longest module goes first (support/module_seconds.py: seconds measured in a CI run), the rule
 that keeps two machines' ends close when jobs are handed out as machines free up. The groups of long modules end
 with the vLLM engine's (165 s) while the other worker may already have run out of shared modules: an `alone` module
-taken then waits, idle, for the other worker's current module, and the other worker runs its queued shared
-modules one at a time (in the CI run of 2026-12-07 on an Intel Xeon: 147, 108 and 52 s of such waits). Ending the
-shared part with many short modules leaves each worker little to wait for.
+taken then waited, idle, for the other worker's whole current module (in the CI run of 2026-12-07 on an Intel Xeon:
+147, 108 and 52 s of such waits); it now waits for that worker's current test. Ending the shared part with many
+short modules still leaves each worker little to wait for.
 
 pytest-xdist's file scheduler reorders modules by their number of tests (most first) unless told not to
 (`--no-loadscope-reorder`): the suite ran the build tests while the base image was still building, and the alone
