@@ -212,3 +212,38 @@ def test_a_redelivery_during_enforcement_waits_for_it_and_gets_its_outcome(enfor
     [row] = _events(db)
     assert row["outcome"] == "deleted", row
     assert skopeo_digest(registry.ref("team/twice", "stable")) is None
+
+
+def test_a_delivery_that_ended_without_an_outcome_is_finished_by_the_one_that_waited_for_it(
+        registry_factory, make_image, tmp_path) -> None:
+    """In process (the service's Webhook, a real registry, a real database): another delivery holds the row's
+    enforcement and ends without writing an outcome (its thread died); the delivery that waited for it finishes
+    the enforcement instead of answering the row's `enforcing` as if it were done."""
+    import threading
+
+    from qualify.service.webhook import EnforcingClient, Webhook, parse_envelope
+    from qualify.store.engine import open_database, upgrade
+    from qualify.store.models import RegistryEvent
+
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    upgrade(db)
+    engine, sessions = open_database(db, migrate=False)
+    registry = registry_factory()
+    digest = make_image(registry, "team/died", "stable")
+    webhook = Webhook(sessions, [("team/*", "stable")], "delete",
+                      lambda: EnforcingClient([registry.host], timeout=30), registry.host)
+    body = {"events": [_push_event(registry, "team/died", "stable", digest)]}
+    [push] = parse_envelope(body, registry.host)
+    with sessions() as session:  # the other delivery's committed intent...
+        row = webhook._judge(session, push)
+        session.add(row)
+        session.commit()
+        row_id = row.id
+    assert webhook._claim(row_id)  # ...and its hold, released 0.3 s from now without an outcome
+    threading.Timer(0.3, webhook._release, args=([row_id],)).start()
+    [answer] = webhook.handle(body)
+    assert (answer.outcome, answer.replayed) == ("deleted", False), answer
+    with sessions() as session:
+        assert session.get(RegistryEvent, row_id).outcome == "deleted"
+    assert skopeo_digest(registry.ref("team/died", "stable")) is None
+    engine.dispose()

@@ -247,8 +247,9 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
             LOG.error("registry events not recorded (database: %s): the registry will retry", type(exc).__name__)
             raise HTTPException(503, "the database cannot record the events now") from None
         # A failed enforcement answers 503: Distribution redelivers the envelope, and the failed event is tried
-        # again (the others are answered from their rows).
-        failed = any(r.outcome == "failed" for r in results)
+        # again (the others are answered from their rows); so does one still being enforced by another delivery
+        # past the wait for it (webhook.Webhook._answer_when_done).
+        failed = any(r.outcome in ("failed", "enforcing") for r in results)
         return _json({"events": [r.to_dict() for r in results]}, 503 if failed else 200)
 
     app.include_router(runs_router(settings, sessions))  # /v1/runs, /v1/runs/{id}, /v1/runs/{id}/report

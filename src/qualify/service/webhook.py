@@ -240,7 +240,7 @@ class Webhook:
         events = [p for p in parsed if isinstance(p, Malformed) or is_protected(p, self.patterns)]
         results: list[EventResult] = []
         planned: list[tuple[int, Push]] = []
-        elsewhere: list[int] = []  # rows another delivery in this process is enforcing now: answered from its end
+        elsewhere: list[tuple[int, Push]] = []  # rows another delivery here is enforcing now: answered from its end
         # 1. Judge and record every event of the envelope in one transaction (intent before any change).
         try:
             with self.sessions() as session:
@@ -255,7 +255,7 @@ class Webhook:
                         if self._claim(existing.id):
                             planned.append((existing.id, event))
                         else:
-                            elsewhere.append(existing.id)
+                            elsewhere.append((existing.id, event))
                         continue
                     row = _skip(event) if isinstance(event, Malformed) else self._judge(session, event)
                     session.add(row)
@@ -284,8 +284,8 @@ class Webhook:
                 self._release([held.pop(0)])
         finally:
             self._release(held)  # what an exception left claimed
-        for row_id in elsewhere:
-            results.append(self._answer_when_done(row_id))
+        for row_id, push in elsewhere:
+            results.append(self._answer_when_done(row_id, push))
         return results
 
     def _claim(self, row_id: int) -> bool:
@@ -303,8 +303,10 @@ class Webhook:
                 if done is not None:
                     done.set()
 
-    def _answer_when_done(self, row_id: int, timeout_s: float = 300.0) -> EventResult:
-        """The outcome another delivery's enforcement gave the row (it may still be `failed`: then 503 again)."""
+    def _answer_when_done(self, row_id: int, push: Push, timeout_s: float = 120.0) -> EventResult:
+        """The outcome another delivery's enforcement gave the row (`failed`: 503, redelivered). One that ended
+        without an outcome (the row still `enforcing`) is finished here; one still running after timeout_s
+        answers `enforcing`, 503 too: the registry redelivers later."""
         with self._flight_lock:
             done = self._in_flight.get(row_id)
         if done is not None:
@@ -312,7 +314,13 @@ class Webhook:
         with self.sessions() as session:
             row = session.get(RegistryEvent, row_id)
             assert row is not None
-            return _result(row, replayed=True)
+            answer = _result(row, replayed=True)
+        if answer.outcome == "enforcing" and self._claim(row_id):
+            try:
+                return self._enforce(row_id, push)
+            finally:
+                self._release([row_id])
+        return answer
 
     def _judge(self, session: Session, push: Push) -> RegistryEvent:
         check = check_push(session, push.ref, push.digest)
