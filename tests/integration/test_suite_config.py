@@ -26,4 +26,10 @@ def test_a_crashed_worker_fails_the_run_instead_of_hanging_it(tmp_path: Path) ->
         pytest.fail(f"pytest still ran 180 s after a worker crashed (restarts allowed?): {str(exc.stdout)[-1500:]}")
     out = run.stdout + run.stderr
     assert run.returncode != 0, out[-3000:]
-    assert "crashed while running" in out and "test_crash" in out, out[-3000:]
+    # xdist names the lost test when it handles the worker's loss first ("crashed while running"). When a loaded
+    # controller is still handling the test the worker finished just before it died, it sends that worker more work
+    # and stops on its closed channel instead (INTERNALERROR "cannot send (already closed?)", seen once in CI, exit 3).
+    # Both end the run red at once, which is what the configuration must guarantee; the second is xdist's race.
+    named = "crashed while running" in out and "test_crash" in out
+    lost_worker = "INTERNALERROR" in out and "cannot send (already closed?)" in out
+    assert named or lost_worker, out[-3000:]
