@@ -9,16 +9,32 @@ WITH_TEST=0
 [ "${1:-}" = "--test" ] && WITH_TEST=1
 PY="${PYTHON:-python3}"
 
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
+TEST_FLAG=()
+[ "$WITH_TEST" = 1 ] && TEST_FLAG=(--test)
 PIP=(.venv/bin/pip install -q --disable-pip-version-check)
-# torch first, from the CPU wheel: a bare requirement would pull a multi-GB CUDA build.
-.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
-if [ "$WITH_TEST" = 1 ]; then
-  "${PIP[@]}" -c constraints.txt -e ".[workloads,dev]"
+# A new checkout on a machine that bootstrapped the same pins before takes that venv (scripts/venv-cache.sh: hard
+# links, about 1 s, where pip takes about 90 s) and only re-points qualify's editable install to itself.
+# QUALIFY_NO_VENV_CACHE=1 always installs.
+if [ ! -e .venv ] && [ -z "${QUALIFY_NO_VENV_CACHE:-}" ] && bash scripts/venv-cache.sh restore .venv "${TEST_FLAG[@]}"; then
+  echo "bootstrap: .venv from the venv cache (key $(bash scripts/venv-cache.sh key "${TEST_FLAG[@]}"))"
+  "${PIP[@]}" --no-deps --no-build-isolation -e .
 else
-  "${PIP[@]}" -c constraints.txt -e ".[workloads]"
+  NEW_VENV=0
+  if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+    NEW_VENV=1
+  fi
+  # torch first, from the CPU wheel: a bare requirement would pull a multi-GB CUDA build.
+  .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
+  if [ "$WITH_TEST" = 1 ]; then
+    "${PIP[@]}" -c constraints.txt -e ".[workloads,dev]"
+  else
+    "${PIP[@]}" -c constraints.txt -e ".[workloads]"
+  fi
+  # Only a venv this run made from nothing becomes the template, never one changed by hand since.
+  if [ "$NEW_VENV" = 1 ] && [ -z "${QUALIFY_NO_VENV_CACHE:-}" ]; then
+    bash scripts/venv-cache.sh save .venv "${TEST_FLAG[@]}" || echo "bootstrap: the venv cache was not saved" >&2
+  fi
 fi
 
 if [ "$WITH_TEST" = 1 ]; then
