@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,11 @@ sys.dont_write_bytecode = False
 # benchmarks/ holds measurement code some tests reuse (e.g. the gate's simulation).
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from support import suite_order  # noqa: E402
+from support import suite_order, timeline  # noqa: E402
 from support.db import PG_ADMIN_URL, psycopg_dsn  # noqa: E402
 
 pytest_plugins = ["support.registry", "support.service"]
+_TIMELINE: list[Path | None] = [None]  # QUALIFY_TEST_TIMELINE, on the controller only (support/timeline.py)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -171,6 +173,21 @@ def _alone_test(request: pytest.FixtureRequest, _machine_share):
 
 def pytest_configure(config: pytest.Config) -> None:
     suite_order.keep_the_suite_order(config)
+    # The controller (or a run without workers) writes the timeline; a worker's reports reach it anyway. Taken out
+    # of the environment before the workers start, so that a pytest a test runs never writes into it.
+    path = os.environ.pop("QUALIFY_TEST_TIMELINE", None)
+    _TIMELINE[0] = Path(path) if path and not hasattr(config, "workerinput") else None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _TIMELINE[0] is not None and (phase := timeline.phase_of(report)) is not None:
+        timeline.append(_TIMELINE[0], phase)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _TIMELINE[0] is not None:
+        for line in timeline.summary(timeline.read(_TIMELINE[0])):
+            terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
