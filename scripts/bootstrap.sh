@@ -15,8 +15,9 @@ PIP=(.venv/bin/pip install -q --disable-pip-version-check)
 # A new checkout on a machine that bootstrapped the same pins before takes that venv (scripts/venv-cache.sh: hard
 # links, about 1 s, where pip takes about 90 s) and only re-points qualify's editable install to itself.
 # QUALIFY_NO_VENV_CACHE=1 always installs.
-if [ ! -e .venv ] && [ -z "${QUALIFY_NO_VENV_CACHE:-}" ] && bash scripts/venv-cache.sh restore .venv "${TEST_FLAG[@]}"; then
-  echo "bootstrap: .venv from the venv cache (key $(bash scripts/venv-cache.sh key "${TEST_FLAG[@]}"))"
+if [ ! -e .venv ] && [ -z "${QUALIFY_NO_VENV_CACHE:-}" ] &&
+   VENV_KEY=$(bash scripts/venv-cache.sh restore .venv "${TEST_FLAG[@]}"); then
+  echo "bootstrap: .venv from the venv cache (key $VENV_KEY)"
   "${PIP[@]}" --no-deps --no-build-isolation -e .
 else
   NEW_VENV=0

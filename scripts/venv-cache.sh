@@ -3,7 +3,8 @@
 # hard links to a template kept in qualify's cache, not a second pip install of 2 GB (about 90 s here).
 #   bash scripts/venv-cache.sh key [--test]        the template's key for this checkout
 #   bash scripts/venv-cache.sh save VENV [--test]  VENV (complete, just installed) becomes the template
-#   bash scripts/venv-cache.sh restore VENV [--test] VENV made from the template: exit 1 when there is none
+#   bash scripts/venv-cache.sh restore VENV [--test] VENV made from the template, its key printed: exit 1 when
+#                                                    there is none
 # The key: the Python (version and path), the machine, the pins (constraints.txt), the project's declared
 # dependencies and build system (not the rest of pyproject.toml), the bootstrap and this script, and --test.
 # Whatever changes one of these makes a new template; the 3 most recently used are kept.
@@ -98,6 +99,7 @@ case "$ACTION" in
     repoint "$PART" "$TEMPLATES/$K" "$(abs "$(dirname "$VENV")")/$(basename "$VENV")"
     mv -T "$PART" "$VENV"
     touch "$TEMPLATES/$K"
+    echo "$K"
     ;;
   *)
     echo "venv-cache: unknown action '$ACTION' (key, save or restore)" >&2

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,17 @@ def test_other_pins_make_another_key_and_find_no_template(tmp_path: Path) -> Non
     with (one / "pyproject.toml").open("a") as f:
         f.write("\n# a comment\n")
     assert _script(one, "scripts/venv-cache.sh", "key", "--test", env=env).stdout.strip() == key
+
+
+def test_only_the_three_most_recently_used_templates_are_kept(tmp_path: Path) -> None:
+    env = {**os.environ, "QUALIFY_CACHE_DIR": str(tmp_path / "cache")}
+    one = _checkout(tmp_path / "one")
+    keys = []
+    for k in range(4):
+        with (one / "constraints.txt").open("a") as f:
+            f.write(f"# pins {k}\n")
+        assert _script(one, "scripts/venv-cache.sh", "save", str(SUITE_VENV), "--test", env=env).returncode == 0
+        keys.append(_script(one, "scripts/venv-cache.sh", "key", "--test", env=env).stdout.strip())
+        time.sleep(0.05)  # distinct modification times: the order is by them
+    kept = sorted(p.name for p in (tmp_path / "cache" / "venvs").iterdir())
+    assert kept == sorted(keys[1:]) and len(set(keys)) == 4
