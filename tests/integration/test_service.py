@@ -54,6 +54,37 @@ def test_gate_answers_with_the_rules_of_gate_check(db_url: str, sessions) -> Non
     assert api.get("/v1/gate").status_code == 422  # the parameter is required
 
 
+def test_the_gates_reads_run_outside_a_transaction(db_url: str, sessions) -> None:
+    """Issue 27 (the cold path): every statement of a gate answer, the first (a full check) and a repeated one (the
+    cache's revalidation), runs with the database connection in autocommit: no BEGIN and ROLLBACK round trips
+    beside the query (they cost a PostgreSQL check two thirds of its time)."""
+    from sqlalchemy import event
+
+    line = seed_release_line(sessions)
+    engine = sessions.kw["bind"]
+    seen: list[tuple[str, bool]] = []
+
+    def autocommit(dbapi_conn: Any) -> bool:
+        if hasattr(dbapi_conn, "autocommit"):  # psycopg
+            return bool(dbapi_conn.autocommit)
+        return dbapi_conn.isolation_level is None  # sqlite3 (Python 3.11: no .autocommit)
+
+    def record(conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        seen.append((statement.split()[0], autocommit(conn.connection.dbapi_connection)))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        api = client_for(sessions)
+        ref = {"ref": f"{REPOSITORY}@{line.digest_a}"}
+        answers = [api.get("/v1/gate", params=ref) for _ in range(2)]
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert [(a.status_code, a.json()["verdict"]) for a in answers] == [(200, "PASS")] * 2
+    assert len(seen) >= 2 and all(ok for _, ok in seen), seen
+    with sessions() as s:  # the sessions (writes: runs, decisions) keep their transactions
+        assert not autocommit(s.connection().connection.dbapi_connection)
+
+
 def test_a_new_decision_changes_the_answer_at_once(sessions) -> None:
     """Answers are cached, but only while the digest's newest decision is the one they were computed from."""
     from qualify.store import repo
