@@ -19,6 +19,15 @@ so that each side assignment has two) are run; while the gate's rule on the inte
 undecided, two more pairs are run, up to `DuetPolicy.max_pairs`. A pair measured with a neighbour on a side's
 core (pair_log_ratios) is left out of the interval and made up for by two more pairs, within the same budget.
 
+Why the pairs run one after the other, each set up only when the one before it has ended (not started two at a
+time, set up together and measured in turn, as execution/setup_overlap.py does for a case's launches): a pair
+already keeps both of its cores busy in every phase, one side's set-up on each core, then both sides' steps.
+Tried on this 2-core machine (2026-12-07, AMD EPYC): four set-ups at once took twice as long as two
+(torch, DeepSpeed and transformers imported: 7.75 s against 3.64 s), and their model builds 3.3 times as long, so
+the smoke case in duet took 61 s (one run) against 41 s (3 runs) one pair at a time (benchmarks/paired_vs_history.py
+--cases identical --modes history,duet). setup_overlap gains only where a launch leaves cores idle (one set-up
+on a 2-CPU case).
+
 Where duet cannot run, the case is measured paired (A B A B) and the result says why: the cluster has no node
 with both sides' resources (decided on the driver, pipeline), the node's cores cannot be split into two sets
 of the case's size, or the workload has no duet hook (inference on the vLLM engine: it batches requests in its own
