@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import functools
 import hashlib
 import os
 import stat
@@ -335,26 +336,51 @@ def format_loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+_UNION_TAGS = frozenset({"int", "float", "str", "bool", "list", "dict", "date"})
+_DROPPED = object()
+
+
+@functools.lru_cache(maxsize=1024)
+def _loc_part(part: Any) -> Any:
+    """One part of a pydantic location as the problem's path shows it, or _DROPPED. Cached: a hostile
+    manifest's 200,000 errors repeat a few dozen distinct parts (the list indices are ints, not cached)."""
+    if isinstance(part, str):
+        if "[" in part or part in _UNION_TAGS:
+            return _DROPPED
+        return part if len(part) <= 64 else quote(part)
+    return quote(part)
+
+
 def _field_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     # Union members add tags like "literal['none','all']" or "int" to the location.
     # A key that is not a string (``1.5: x``, ``~: x``) is kept as its repr.
-    return tuple(p if isinstance(p, int) or (isinstance(p, str) and len(p) <= 64) else quote(p)
-                 for p in loc
-                 if not isinstance(p, str) or ("[" not in p and p not in
-                                               {"int", "float", "str", "bool", "list", "dict", "date"}))
+    out = []
+    for part in loc:
+        if isinstance(part, int):
+            out.append(part)
+            continue
+        try:
+            kept = _loc_part(part)
+        except TypeError:  # an unhashable key: not cached
+            kept = _loc_part.__wrapped__(part)
+        if kept is not _DROPPED:
+            out.append(kept)
+    return tuple(out)
 
 
 def _pydantic_problems(file: str, exc: ValidationError) -> tuple[list[Problem], int]:
     """One problem per field path (the messages of one path merged), at most
     LIMITS.max_problems of them formatted; returns them and how many more paths there were."""
     merged: dict[str, list[str]] = {}
-    more: set[str] = set()
+    formatted: set[tuple[Any, ...]] = set()
+    more: set[tuple[Any, ...]] = set()
     for err in exc.errors(include_url=False):
         loc = _field_loc(tuple(err["loc"]))
-        path = format_loc(loc)
-        if path not in merged and len(merged) >= LIMITS.max_problems:
-            more.add(path)  # counted, not formatted (difflib per key is what costs)
+        if loc not in formatted and len(merged) >= LIMITS.max_problems:
+            more.add(loc)  # counted by location, never formatted (difflib per key is what costs)
             continue
+        formatted.add(loc)
+        path = format_loc(loc)
         if err["type"] == "extra_forbidden":
             key = loc[-1] if loc else "?"
             allowed = _allowed_keys(loc[:-1])
