@@ -9,7 +9,9 @@ and the queue wait (submitted -> started on a worker) is measured apart from exe
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import signal
 import socket
 import tempfile
 import threading
@@ -26,10 +28,12 @@ from qualify.execution.node_facts import gpu_ids_of
 from qualify.execution.result import CaseRunResult, node_fits, node_share
 from qualify.executors import Executor
 from qualify.manifest import Resources
+from qualify import lifetime
 from qualify.lifetime import bind_children_to_this_process
 from qualify.settings import Settings
 from qualify.workloads import protocol
 
+LOG = logging.getLogger("qualify.ray")
 QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the `qualify` package a remote cluster is sent
 
 
@@ -143,12 +147,48 @@ def start_local_ray(num_cpus: int | None = None, settings: Settings | None = Non
     temp.mkdir(parents=True, exist_ok=True)
     ray_auth.remember()  # ray.init turns token authentication on for the process: put back at its shutdown
     try:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
-                 _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
-                 configure_logging=False)
+        for attempt in (1, 2):
+            try:
+                ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=0, include_dashboard=False,
+                         _temp_dir=str(temp), log_to_driver=False, ignore_reinit_error=True,
+                         configure_logging=False)
+                return
+            except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+                if attempt == 2 or RAYLET_REGISTRATION_TIMED_OUT not in str(exc):
+                    raise
+                # Ray waits a fixed 30 s for the raylet to register with the GCS (ray/_private/node.py; no
+                # setting): on a loaded 2-core machine it once took longer (CI beside image builds, 2026-12-07).
+                # The first try's processes are stopped and Ray is started once more, as a person would.
+                ray.shutdown()
+                stopped = stop_descendants_under(temp)
+                LOG.warning("Ray's raylet did not register within Ray's 30 s (a loaded machine): %d of its "
+                            "processes stopped, starting Ray again", stopped)
     except BaseException:
         ray_auth.restore()
         raise
+
+
+RAYLET_REGISTRATION_TIMED_OUT = "timed out during startup"
+
+
+def stop_descendants_under(folder: Path) -> int:
+    """SIGKILL this process's descendants whose command line names `folder` (a failed ray.init's GCS, raylet and
+    agents: every one is given its session folder), and theirs; how many were stopped."""
+    table = lifetime.processes()
+    needle = str(folder).encode()
+    named: set[int] = set()
+    for pid in lifetime.descendants({os.getpid()}, table):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if needle in fh.read():
+                    named.add(pid)
+        except OSError:
+            continue
+    targets = named | lifetime.descendants(named, table)
+    for pid in targets:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(targets)
 
 
 def _check_reachable(address: str, timeout_s: float = 15.0) -> None:
