@@ -11,15 +11,10 @@ streaming task must deliver all its items."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from support.ray_cluster import run_ray_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,19 +63,10 @@ print(json.dumps(seen))
 
 
 def test_a_process_that_ran_a_local_ray_joins_a_cluster_without_tokens_and_gets_its_streamed_items() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
-    env["QUALIFY_RAY_TEMP"] = temp = tempfile.mkdtemp(prefix="qs-")  # short: Ray's socket paths have a limit
-    try:
-        run = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO / "tests")], capture_output=True, text=True,
-                             env=env, timeout=600, cwd=REPO)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    assert run.returncode == 0, run.stderr[-4000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = run_ray_script(SCRIPT, str(REPO / "tests"))
     assert seen["before"] == [False, None]
     # The premise: a local Ray turns token authentication on for the process (else this test proves nothing) ...
     assert seen["local up"] == [True, "token"] and seen["early up"] == [True, "token"], seen
     # ... and its shutdown gives the process back as it was, whichever way it was started.
     assert seen["local down"] == [False, None] and seen["early down"] == [False, None], seen
-    assert seen["got"] == [0, 1, 2], run.stderr[-4000:]
+    assert seen["got"] == [0, 1, 2], seen["stderr"][-4000:]

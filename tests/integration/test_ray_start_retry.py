@@ -10,17 +10,8 @@ start's must be gone once the second has come up."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from support.ray_cluster import run_ray_script
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -79,17 +70,8 @@ print(json.dumps(seen))
 
 
 def test_a_raylet_that_registers_late_gets_one_more_start_and_the_first_start_leaves_nothing() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
-    env["QUALIFY_RAY_TEMP"] = temp = tempfile.mkdtemp(prefix="qs-")  # short: Ray's socket paths have a limit
-    try:
-        run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600,
-                             cwd=REPO)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    assert run.returncode == 0, run.stderr[-4000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = run_ray_script(SCRIPT)
     assert seen["starts"] == 2 and seen["initialized"] and seen["answer"] == 42, seen
     assert (seen["gcs"], seen["raylets"]) == (1, 1), seen  # the first start's were stopped
     assert seen["left"] == [], seen
-    assert "did not register within Ray's 30 s" in run.stderr
+    assert "did not register within Ray's 30 s" in seen["stderr"]

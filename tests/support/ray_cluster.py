@@ -96,3 +96,23 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except ProcessLookupError:
             return
         time.sleep(2)
+
+
+def run_ray_script(script: str, *args: str, timeout_s: float = 600) -> dict:
+    """`script` in a fresh Python process of its own (its only Ray sessions are the script's), with no RAY_ variable
+    of this one, src and tests importable, and its own short Ray temp folder; the JSON its last line prints."""
+    import shutil
+    import tempfile
+
+    from support.paths import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])
+    env["QUALIFY_RAY_TEMP"] = temp = tempfile.mkdtemp(prefix="qs-")  # short: Ray's socket paths have a limit
+    try:
+        run = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env,
+                             timeout=timeout_s, cwd=REPO)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return {"stderr": run.stderr, **json.loads(run.stdout.strip().splitlines()[-1])}
