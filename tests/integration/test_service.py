@@ -58,10 +58,10 @@ def test_the_gates_reads_run_outside_a_transaction(db_url: str, sessions) -> Non
     """Issue 27 (the cold path): every statement of a gate answer, the first (a full check) and a repeated one (the
     cache's revalidation), runs with the database connection in autocommit: no BEGIN and ROLLBACK round trips
     beside the query (they cost a PostgreSQL check two thirds of its time)."""
-    from sqlalchemy import event
+    from sqlalchemy import Engine, event
 
     line = seed_release_line(sessions)
-    engine = sessions.kw["bind"]
+    engine = Engine  # every engine: the gate reads on its own (store.engine.hot_read_engine)
     seen: list[tuple[str, bool]] = []
 
     def autocommit(dbapi_conn: Any) -> bool:
@@ -83,6 +83,47 @@ def test_the_gates_reads_run_outside_a_transaction(db_url: str, sessions) -> Non
     assert len(seen) >= 2 and all(ok for _, ok in seen), seen
     with sessions() as s:  # the sessions (writes: runs, decisions) keep their transactions
         assert not autocommit(s.connection().connection.dbapi_connection)
+
+
+@pytest.mark.postgres
+def test_the_gates_reads_ping_nobody_and_survive_a_dropped_connection(sessions, monkeypatch: pytest.MonkeyPatch
+                                                                      ) -> None:
+    """Issue 27 (the cold path): a gate answer sends its query alone, no `SELECT 1` pre-ping before it (half of its
+    round trips); a connection the server dropped since (a restart, pg_terminate_backend) is then found by the
+    query itself, and the answer is still given, from a new connection (store.engine.idempotent_read)."""
+    import psycopg
+    from sqlalchemy import Engine, event
+    from support.db import psycopg_dsn
+
+    if sessions.kw["bind"].dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's: a SQLite pool never pings, and its connections are to a file nobody can drop")
+    line = seed_release_line(sessions)
+    dialect_class = type(sessions.kw["bind"].dialect)  # every PostgreSQL engine's, the service's own included
+    pings: list[int] = []
+    real_ping = dialect_class.do_ping
+    monkeypatch.setattr(dialect_class, "do_ping", lambda self, conn: pings.append(1) or real_ping(self, conn))
+    api = client_for(sessions)
+    refs = [{"ref": f"{REPOSITORY}@{line.digest_a}"}, {"ref": f"{REPOSITORY}@{line.digest_b}"}]
+    assert [api.get("/v1/gate", params=r).status_code for r in refs * 3] == [200, 403] * 3
+    assert pings == []
+    database = sessions.kw["bind"].url.database
+    errors: list[str] = []
+
+    def record(ctx) -> None:  # type: ignore[no-untyped-def]
+        errors.append(type(ctx.original_exception).__name__)
+
+    event.listen(Engine, "handle_error", record)
+    try:
+        with psycopg.connect(psycopg_dsn(), autocommit=True) as admin:
+            dropped = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                    "WHERE datname = %s AND pid <> pg_backend_pid()", (database,)).fetchone()
+        assert dropped and dropped[0] >= 1
+        for r, status in zip(refs * 2, [200, 403] * 2):  # the cached answer's revalidation, then full checks
+            assert api.get("/v1/gate", params=r).status_code == status
+        assert api.get("/v1/gate", params={"ref": f"{REPOSITORY}@sha256:{'e' * 64}"}).status_code == 404
+    finally:
+        event.remove(Engine, "handle_error", record)
+    assert errors, "the terminated connection was never used: the test proves nothing"
 
 
 def test_a_new_decision_changes_the_answer_at_once(sessions) -> None:

@@ -50,6 +50,7 @@ from qualify.service.registry_calls import RegistryCalls
 from qualify.service.runs import runs_router
 from qualify.service.webhook import EnforcingClient, MalformedEvents, Webhook
 from qualify.settings import Settings
+from qualify.store.engine import hot_read_engine, idempotent_read
 
 LOG = logging.getLogger("qualify.service")
 MAX_BODY = 1 << 20  # a registry envelope is a few kB
@@ -133,11 +134,13 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
     webhook = Webhook(sessions, settings.protect, settings.enforce, make_client, settings.webhook_registry or "")
     answers = AnswerCache()
     # The gate's reads (one Core statement, a second for a run's further images, or the newest decision's id) run
-    # outside a transaction: in one, every answer paid a BEGIN and a ROLLBACK round trip to the database beside
-    # its query. A digest's check took 1.75-2.1 ms against 0.56-0.75 ms (PostgreSQL, 10,000 runs x 50 results,
-    # this 2-core machine, 2026-12-07). Each statement sees every commit before it, which is what the answer
-    # cache revalidates against; the connections come from the same pool, back in its isolation level on return.
-    engine = sessions.kw["bind"].execution_options(isolation_level="AUTOCOMMIT")
+    # outside a transaction, on connections nobody pings before use (store.engine.hot_read_engine): a transaction
+    # paid a BEGIN and a ROLLBACK round trip beside each query (a digest's check 1.75-2.1 ms against 0.56-0.75 ms,
+    # PostgreSQL, 10,000 runs x 50 results, 2026-12-07), and the pool's pre-ping a `SELECT 1` before it. Each
+    # statement sees every commit before it, which is what the answer cache revalidates against; a connection
+    # the server dropped is replaced and the read run again (store.engine.idempotent_read).
+    engine = hot_read_engine(sessions.kw["bind"])
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # type: ignore[no-untyped-def]
         # Sync endpoints run in AnyIO's thread pool (40 threads by default): on a few cores, that many threads
@@ -146,6 +149,8 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         yield
+        if engine.pool is not sessions.kw["bind"].pool:
+            engine.dispose()
         registry_calls.shutdown()
         webhook_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -214,8 +219,7 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
                    release: str | None, policy: str | None) -> tuple[int, bytes]:
         if key not in answers:  # never answered (CI's question after a build): straight to the check
             return full_check(key, image, digest, tag_digest, release, policy)
-        with engine.connect() as conn:
-            latest = conn.execute(LATEST_DECISION, {"digest": digest}).scalar()
+        latest = idempotent_read(engine, lambda conn: conn.execute(LATEST_DECISION, {"digest": digest}).scalar())
         return answers.get(key, latest) or full_check(key, image, digest, tag_digest, release, policy)
 
     def resolve_tag(image: ImageRef) -> str:
@@ -224,9 +228,9 @@ def create_app(settings: Settings, sessions: sessionmaker[Session], *, reads_nee
 
     def full_check(key: tuple[Any, ...], image: ImageRef, digest: str, tag_digest: str | None,
                    release: str | None, policy: str | None) -> tuple[int, bytes]:
-        with engine.connect() as conn:  # one Core statement: the digest's decisions with what is read of their runs
-            result = check_push(conn, image, digest, tag_digest=tag_digest, release_name=release,
-                                policy_sha256=policy)
+        # One Core statement: the digest's decisions with what is read of their runs.
+        result = idempotent_read(engine, lambda conn: check_push(conn, image, digest, tag_digest=tag_digest,
+                                                                 release_name=release, policy_sha256=policy))
         body = gate_answer(result, digest)
         note = judged_note(image, digest)  # the tag form judged what the tag points to now
         if note:
