@@ -29,11 +29,11 @@ from qualify.execution.result import CaseRunResult, node_fits, node_share
 from qualify.executors import Executor
 from qualify.manifest import Resources
 from qualify import lifetime
-from qualify.lifetime import bind_children_to_this_process
 from qualify.settings import Settings
 from qualify.workloads import protocol
 
 LOG = logging.getLogger("qualify.ray")
+RAYLET_REGISTRATION_TIMED_OUT = "timed out during startup"  # ray/_private/node.py's message
 QUALIFY_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the `qualify` package a remote cluster is sent
 
 
@@ -118,7 +118,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> RayHan
         return RayHandle(address, started_here=False)
     # Ray's token authentication stays as the user (or the joined cluster) configured it: never forced off.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    bind_children_to_this_process()  # Ray's processes die with this one, even on SIGKILL
+    lifetime.bind_children_to_this_process()  # Ray's processes die with this one, even on SIGKILL
     if address:
         # A remote cluster gets the workload package (and the executors) with the job.
         # An unreachable cluster is one line (issue 24.8): the core worker's own connect retries stay off
@@ -141,7 +141,7 @@ def start_local_ray(num_cpus: int | None = None, settings: Settings | None = Non
     """A local Ray sized to this machine, listening on loopback only (start_ray, or early_ray's thread)."""
     settings = settings or Settings.load()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    bind_children_to_this_process()  # Ray's processes die with this one, even on SIGKILL
+    lifetime.bind_children_to_this_process()  # Ray's processes die with this one, even on SIGKILL
     bind_local_cluster_to_loopback()
     temp = settings.ray_temp_dir or Path(tempfile.gettempdir()) / "qualify-ray"
     temp.mkdir(parents=True, exist_ok=True)
@@ -167,8 +167,6 @@ def start_local_ray(num_cpus: int | None = None, settings: Settings | None = Non
         ray_auth.restore()
         raise
 
-
-RAYLET_REGISTRATION_TIMED_OUT = "timed out during startup"
 
 
 def stop_descendants_under(folder: Path) -> int:

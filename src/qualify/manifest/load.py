@@ -359,10 +359,7 @@ def _field_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
         if isinstance(part, int):
             out.append(part)
             continue
-        try:
-            kept = _loc_part(part)
-        except TypeError:  # an unhashable key: not cached
-            kept = _loc_part.__wrapped__(part)
+        kept = _loc_part(part)  # pydantic's location parts were mapping keys: hashable
         if kept is not _DROPPED:
             out.append(kept)
     return tuple(out)
